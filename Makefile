@@ -1,0 +1,41 @@
+# `make demo` and `make test` work from a fresh clone: they create .venv, install the pinned versions,
+# build horovod once (cached under ~/.cache/airflow-provider-hvd) and run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+AIRFLOW_HOME ?= $(CURDIR)/airflow_home
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+export KERAS_BACKEND ?= torch
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh scripts/check_prereqs.sh
+	scripts/check_prereqs.sh $(PYTHON)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel packaging
+	$(PIP) install torch==2.13.0
+	scripts/install_horovod.sh $(PY)
+	$(PIP) install -e '.[airflow,torch,keras,dev]'
+	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
+	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.
+	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \
+	  || $(PIP) install --force-reinstall --no-deps pyspark==4.3.0
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -ra
+
+demo: setup
+	AIRFLOW_HOME=$(AIRFLOW_HOME) scripts/demo.sh $(PY)
+
+bench: setup
+	$(PY) benchmarks/launch.py
+	$(PY) benchmarks/logs.py
+
+clean:
+	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse

@@ -1,0 +1,41 @@
+"""Errors raised by HorovodRunner on the driver."""
+
+from __future__ import annotations
+
+
+class HorovodRunnerError(RuntimeError):
+    """Base class of HorovodRunner's errors."""
+
+
+class LaunchError(HorovodRunnerError):
+    """The ranks could not be started (too few task slots, Spark refused the barrier job, a start timeout)."""
+
+
+class RunCancelledError(HorovodRunnerError):
+    """The run was cancelled with :meth:`HorovodRunner.cancel`; every rank was ended."""
+
+
+class RankFailedError(HorovodRunnerError):
+    """A rank failed; the other ranks were ended.
+
+    ``rank`` is the first rank that failed, ``remote_traceback`` its Python traceback (None when it died
+    without one), ``output_tail`` its last lines of output, and ``other_failures`` one line per other rank
+    that did not succeed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None,
+        exit_code: int | None,
+        remote_traceback: str | None,
+        output_tail: list[str],
+        other_failures: list[str],
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exit_code = exit_code
+        self.remote_traceback = remote_traceback
+        self.output_tail = output_tail
+        self.other_failures = other_failures

@@ -1,0 +1,50 @@
+"""Local strategy (``np < 0``): the rank agents run as threads of the driver, their ranks on this host."""
+
+from __future__ import annotations
+
+import threading
+
+from .agent import AgentArgs, run_agent
+
+LOOPBACK = "127.0.0.1"
+
+
+class LocalLauncher:
+    """Starts ``size`` agents on this host; every rank's output reaches the driver, as in sparkdl."""
+
+    driver_host = LOOPBACK
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._threads: list[threading.Thread] = []
+        self._failure: BaseException | None = None
+
+    def describe(self) -> str:
+        return f"{self.size} processes on this host"
+
+    def check_slots(self) -> None:
+        """Local runs may oversubscribe the host's cores, as sparkdl's do."""
+
+    def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
+        return AgentArgs(host, port, secret, relay_output=True, echo_output=False)
+
+    def _agent(self, args: AgentArgs) -> None:
+        try:
+            run_agent(args)
+        except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
+            self._failure = self._failure or exc
+
+    def start(self, args: AgentArgs) -> None:
+        self._threads = [
+            threading.Thread(target=self._agent, args=(args,), name=f"hvd-local-agent-{i}", daemon=True)
+            for i in range(self.size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def stop(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=30)

@@ -1,0 +1,97 @@
+"""HorovodRunner: the API of Databricks' ``sparkdl.HorovodRunner``, on open-source Horovod and Spark."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .channel import rank_log
+from .local_launch import LocalLauncher
+from .payload import dumps_job
+from .spark_launch import SparkLauncher, active_session
+from .supervisor import Launcher, Supervisor
+
+VERBOSITIES = ("all", "log_callback_only")
+
+
+@contextlib.contextmanager
+def _rank_logs_visible() -> Iterator[None]:
+    """Show relayed rank lines on stderr when the application configured no logging (a plain script)."""
+    if rank_log.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    previous_level = rank_log.level
+    rank_log.addHandler(handler)
+    rank_log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        rank_log.removeHandler(handler)
+        rank_log.setLevel(previous_level)
+
+
+class HorovodRunner:
+    """Run a Horovod training function on ``|np|`` ranks and return rank 0's result.
+
+    :param np: ``np < 0``: ``-np`` processes on this host (for debugging; every rank's output is shown).
+        ``np > 0``: a Spark barrier job of ``np`` tasks on the active SparkSession (``local[*]`` if none).
+    :param driver_log_verbosity: for ``np > 0``: ``"all"`` relays every rank's stdout and stderr to the
+        driver's log; ``"log_callback_only"`` (default) relays only :func:`log_to_driver` messages and
+        ``LogCallback`` lines, the rest staying in the executors' stderr.
+    """
+
+    start_timeout_s: float = 120.0
+
+    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
+        if isinstance(np, bool) or not isinstance(np, int):
+            raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
+        if np == 0:
+            raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
+        if driver_log_verbosity not in VERBOSITIES:
+            raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
+        self.num_processor = np
+        self.driver_log_verbosity = driver_log_verbosity
+        self._cancelled = False
+
+    def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
+
+        ``main`` and ``kwargs`` are pickled once with cloudpickle; ``main`` must call ``hvd.init()`` itself.
+        Raises :class:`RankFailedError` (with the remote traceback) when a rank fails, after ending the others.
+        """
+        return self.run_with_args(main, (), kwargs)
+
+    def run_with_args(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """:meth:`run` with positional arguments too: ranks call ``main(*args, **kwargs)``."""
+        if not callable(main):
+            raise TypeError(f"main must be callable, not {type(main).__name__}")
+        try:
+            inspect.signature(main).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"the arguments do not fit {getattr(main, '__name__', main)!r}: {exc}") from None
+        except ValueError:
+            pass  # no signature to check (some builtins)
+        payload = dumps_job(main, args, kwargs)
+        launcher: Launcher
+        if self.num_processor < 0:
+            launcher = LocalLauncher(-self.num_processor)
+        else:
+            launcher = SparkLauncher(active_session(), self.num_processor)
+        launcher.check_slots()
+        with _rank_logs_visible():
+            return Supervisor(
+                launcher, payload, self.driver_log_verbosity, lambda: self._cancelled, self.start_timeout_s
+            ).run()
+
+    def cancel(self) -> None:
+        """End a run in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
+
+        Only sets a flag (safe in a signal handler); the running ``run`` ends the ranks within moments.
+        """
+        self._cancelled = True

@@ -1,0 +1,127 @@
+"""Spark strategy (``np > 0``): a barrier job of ``np`` tasks, each running one rank agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .agent import AgentArgs, run_agent
+from .errors import LaunchError
+from .local_launch import LOOPBACK
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+SLOT_WAIT_S = 15.0
+
+
+def active_session() -> SparkSession:
+    """The active SparkSession, or a new one on ``local[*]`` when there is none."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None and SparkContext._active_spark_context is not None:
+        spark = SparkSession.builder.getOrCreate()
+    if spark is None:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors on this host: this interpreter
+        spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").getOrCreate()
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise LaunchError(
+            "HorovodRunner(np>0) needs a classic SparkSession (a barrier job on a SparkContext); the active "
+            "session is a Spark Connect one (sc://). Use a spark://, yarn, k8s:// or local master, or np<0."
+        )
+    return spark
+
+
+def task_slots(sc: SparkContext) -> int:
+    """How many tasks the cluster can run at once right now (what a barrier stage needs)."""
+    jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def _barrier_task(args: AgentArgs) -> Callable[[Iterator[Any]], Iterator[str]]:
+    def task(_: Iterator[Any]) -> Iterator[str]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        info = {
+            "partition": ctx.partitionId(),
+            "attempt": ctx.attemptNumber(),
+            "executor": ctx.getTaskInfos()[ctx.partitionId()].address,
+        }
+        yield json.dumps(run_agent(args, task=info))
+
+    return task
+
+
+class SparkLauncher:
+    """Runs the agents as a Spark barrier job; the rank processes are children of the Python workers."""
+
+    def __init__(self, spark: SparkSession, size: int) -> None:
+        self.sc = spark.sparkContext
+        self.size = size
+        self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
+        master = self.sc.master
+        self.driver_host = LOOPBACK if master.startswith("local") else socket.gethostbyname(
+            self.sc.getConf().get("spark.driver.host") or socket.gethostname()
+        )
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def describe(self) -> str:
+        return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
+
+    def check_slots(self) -> None:
+        conf = self.sc.getConf()
+        if (conf.get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+            raise LaunchError(
+                "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
+                f"and spark.executor.instances so that the cluster holds {self.size} task slots."
+            )
+        deadline = time.monotonic() + (0 if self.sc.master.startswith("local") else SLOT_WAIT_S)
+        slots = task_slots(self.sc)
+        while slots < self.size and time.monotonic() < deadline:  # executors may still be registering
+            time.sleep(0.5)
+            slots = task_slots(self.sc)
+        if slots < self.size:
+            raise LaunchError(
+                f"HorovodRunner(np={self.size}) needs {self.size} Spark task slots at once (a barrier job starts "
+                f"all its tasks together), but the cluster at {self.sc.master} has {slots} "
+                f"(spark.task.cpus={conf.get('spark.task.cpus') or 1}). Lower np to at most {slots}, give the "
+                "cluster more executors or cores (spark.executor.instances, spark.executor.cores), or use "
+                "np<0 to run on this host alone."
+            )
+
+    def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
+        return AgentArgs(host, port, secret, relay_output=verbosity == "all", echo_output=True)
+
+    def _run_job(self, args: AgentArgs) -> None:
+        try:
+            self.sc.setJobGroup(self.group, f"HorovodRunner: {self.size} ranks", interruptOnCancel=True)
+            rdd = self.sc.parallelize(range(self.size), self.size)
+            rdd.barrier().mapPartitions(_barrier_task(args)).collect()
+        except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
+            self._failure = exc
+
+    def start(self, args: AgentArgs) -> None:
+        self._thread = threading.Thread(target=self._run_job, args=(args,), name="hvd-spark-job", daemon=True)
+        self._thread.start()
+
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._thread.is_alive():
+            self.sc.cancelJobGroup(self.group)
+        self._thread.join(timeout=60)

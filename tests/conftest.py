@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+# Before pyspark or airflow is imported: loopback only, executors on this interpreter, Airflow on SQLite.
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ.setdefault("KERAS_BACKEND", "torch")
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="hvd-airflow-home-"))
+os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parent.parent / "dags")
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest  # noqa: E402
+
+from spark_cluster import StandaloneCluster  # noqa: E402
+
+
+def make_session(master: str, **conf: str):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName("hvd-tests")
+    for key, value in {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **conf}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+@pytest.fixture(scope="module")
+def spark_local():
+    """A local[2] SparkSession (2 task slots), stopped at the end of the module: one SparkContext at a time."""
+    spark = make_session("local[2]")
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory):
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pid_dir(tmp_path) -> str:
+    path = tmp_path / "pids"
+    path.mkdir()
+    return str(path)

@@ -1,0 +1,101 @@
+"""Functions the tests run on Horovod ranks (this module is not installed: it travels by value)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def _record_pid(pid_dir: str | None, rank: int) -> None:
+    if pid_dir:
+        Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
+
+
+def allreduce_sum(base: float = 0.0) -> dict:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([base + hvd.rank() + 1.0]), op=hvd.Sum).item()
+    return {"rank": hvd.rank(), "size": hvd.size(), "local_size": hvd.local_size(), "sum": total}
+
+
+def train_linear(steps: int = 80, lr: float = 0.1) -> dict:
+    """Fit y = 3x - 2 on per-rank shards with hvd.DistributedOptimizer; report every rank's weights."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(1000 + hvd.rank())  # different data and initial weights on each rank
+    x = torch.randn(256, 1)
+    y = 3 * x - 2 + 0.01 * torch.randn(256, 1)
+    model = torch.nn.Linear(1, 1)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr), named_parameters=model.named_parameters()
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    params = (model.weight.item(), model.bias.item())
+    return {
+        "rank": hvd.rank(),
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "weights": hvd.allgather_object(params),
+        "cwds": hvd.allgather_object(os.getcwd()),
+    }
+
+
+def fail_on_rank(bad_rank: int, pid_dir: str | None = None, how: str = "raise") -> None:
+    """``bad_rank`` fails (``raise`` or ``exit``: os._exit(3)); the other ranks would run for a minute."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    _record_pid(pid_dir, hvd.rank())
+    if hvd.rank() == bad_rank:
+        print(f"rank {bad_rank} is about to fail", flush=True)
+        if how == "exit":
+            os._exit(3)
+        raise ValueError(f"boom from rank {bad_rank}")
+    time.sleep(60)
+
+
+def sleep_and_record(pid_dir: str, seconds: float = 60.0) -> None:
+    import horovod.torch as hvd
+
+    hvd.init()
+    _record_pid(pid_dir, hvd.rank())
+    time.sleep(seconds)
+
+
+def wait_for_pids(pid_dir: str, count: int, timeout: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = list(Path(pid_dir).glob("rank-*.pid"))
+        if len(files) == count and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.1)
+    raise TimeoutError(f"only {len(list(Path(pid_dir).glob('rank-*.pid')))} of {count} ranks started")
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_all_gone(pids: list[int], within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not [pid for pid in pids if alive(pid)], "rank processes outlived the run"

@@ -1,0 +1,50 @@
+"""np < 0: ranks on this host, Horovod over Gloo, no Spark."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from airflow_provider_hvd import HorovodRunner, RankFailedError
+from jobs import allreduce_sum, assert_all_gone, fail_on_rank, train_linear, wait_for_pids
+
+
+def test_allreduce_across_two_ranks_returns_rank0_value():
+    result = HorovodRunner(np=-2).run(allreduce_sum, base=10.0)
+    assert result == {"rank": 0, "size": 2, "local_size": 2, "sum": 11.0 + 12.0}
+
+
+def test_distributed_training_converges_with_equal_weights():
+    result = HorovodRunner(np=-2).run(train_linear)
+    assert result["rank"] == 0
+    assert result["final_loss"] < 0.01 < result["first_loss"]
+    (w0, b0), (w1, b1) = result["weights"]
+    assert (w0, b0) == (w1, b1), "broadcast + allreduced gradients keep the ranks' weights identical"
+    assert w0 == pytest.approx(3.0, abs=0.05) and b0 == pytest.approx(-2.0, abs=0.05)
+
+
+def test_failing_rank_raises_with_its_traceback_and_ends_the_others(pid_dir):
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=-2).run(fail_on_rank, bad_rank=1, pid_dir=pid_dir)
+    assert time.monotonic() - started < 30
+    err = info.value
+    assert err.rank == 1
+    assert "ValueError: boom from rank 1" in str(err)
+    assert "in fail_on_rank" in err.remote_traceback  # by-value code: cloudpickle names no file
+    assert err.remote_traceback.rstrip().endswith("ValueError: boom from rank 1")
+    assert "rank 1 is about to fail" in err.output_tail
+    assert err.other_failures == ["rank 0: ended by the driver (rank 1 failed)"]
+    assert_all_gone(wait_for_pids(pid_dir, 2, timeout=1))
+
+
+def test_rank_exiting_without_exception_is_reported_within_seconds(pid_dir):
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match="rank 0 of 2 failed: exited with code 3 without a Python exception") as info:
+        HorovodRunner(np=-2).run(fail_on_rank, bad_rank=0, pid_dir=pid_dir, how="exit")
+    assert time.monotonic() - started < 20
+    assert info.value.exit_code == 3 and info.value.remote_traceback is None
+    assert_all_gone(wait_for_pids(pid_dir, 2, timeout=1))
+    assert not psutil.Process().children(recursive=True), "the driver has leftover child processes"

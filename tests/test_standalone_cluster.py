@@ -1,0 +1,32 @@
+"""The same job on a real Spark standalone cluster: master + 2 workers of 1 core each, on loopback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from airflow_provider_hvd import HorovodRunner, LaunchError
+from conftest import make_session
+from jobs import train_linear
+
+
+@pytest.fixture(scope="module")
+def cluster_session(standalone_cluster):
+    spark = make_session(standalone_cluster.url, **{"spark.executor.cores": "1", "spark.cores.max": "2"})
+    yield spark
+    spark.stop()
+
+
+def test_ranks_land_on_two_executors_and_train(cluster_session):
+    result = HorovodRunner(np=2).run(train_linear)
+    assert result["final_loss"] < 0.01
+    assert result["weights"][0] == result["weights"][1]
+    executor_dirs = {os.path.basename(cwd) for cwd in result["cwds"]}
+    assert len(executor_dirs) == 2, f"both ranks ran in one executor: {result['cwds']}"
+    assert all("app-" in cwd for cwd in result["cwds"]), result["cwds"]
+
+
+def test_too_many_ranks_for_the_cluster(cluster_session):
+    with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* has 2"):
+        HorovodRunner(np=3).run(train_linear)
