@@ -39,7 +39,8 @@ class AgentArgs:
     port: int
     secret: bytes
     relay_output: bool  # stdout/stderr lines go to the driver (verbosity "all", and local runs)
-    echo_output: bool  # ... and to this process's stderr, tagged with the rank (the executor's log)
+    echo_output: bool  # lines go to this process's stderr too, tagged with the rank (the executor's log)...
+    echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
 
 
 class _Outbox:
@@ -151,20 +152,20 @@ class _RankProcess:
         except BrokenPipeError:
             pass  # it died at once; its exit code tells
 
-    def _echo(self, text: str) -> None:
-        if self._args.echo_output:
+    def _echo(self, text: str, relayed: bool) -> None:
+        if self._args.echo_output and (self._args.echo_relayed or not relayed):
             sys.stderr.write(f"[rank {self.rank}] {text}\n")
 
     def _relay_output(self, pipe: IO[bytes]) -> None:
         for raw in iter(lambda: pipe.readline(_MAX_LINE_BYTES), b""):
             if raw.startswith(self._marker):  # a log_to_driver message: relayed whatever the verbosity
                 text = json.loads(raw[len(self._marker) :])
-                self._echo(text)
+                self._echo(text, relayed=True)
                 self._outbox.put("message", text)
                 continue
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
             self.tail.append(text)
-            self._echo(text)
+            self._echo(text, relayed=self._args.relay_output)
             if self._args.relay_output:
                 self._outbox.put("output", text)
         pipe.close()

@@ -102,7 +102,8 @@ class SparkLauncher:
             )
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
-        return AgentArgs(host, port, secret, relay_output=verbosity == "all", echo_output=True)
+        on_driver = self.sc.master.startswith("local")  # local executors' stderr is the driver's own
+        return AgentArgs(host, port, secret, relay_output=verbosity == "all", echo_output=True, echo_relayed=not on_driver)
 
     def _run_job(self, args: AgentArgs) -> None:
         try:

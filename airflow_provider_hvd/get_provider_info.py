@@ -1,0 +1,19 @@
+"""Provider registration (entry point ``apache_airflow_provider``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def get_provider_info() -> dict[str, Any]:
+    # No "connection-types": the ``spark`` connection belongs to the apache-spark provider.
+    return {
+        "package-name": "airflow-provider-hvd",
+        "name": "Horovod on Spark",
+        "description": "Distributed training with Horovod, launched as a Spark barrier job (sparkdl's HorovodRunner API).",
+        "versions": ["0.1.0"],
+        "hooks": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.hooks.horovod"]}],
+        "operators": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.operators.horovod"]}],
+        "extra-links": ["airflow_provider_hvd.operators.horovod.SparkUILink"],
+        "task-decorators": [{"name": "horovod", "class-name": "airflow_provider_hvd.decorators.horovod.horovod_task"}],
+    }
