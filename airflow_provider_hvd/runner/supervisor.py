@@ -86,6 +86,7 @@ class Supervisor:
     def run(self) -> Any:
         secret = new_secret()
         channel = DriverChannel(self.launcher.driver_host, secret)
+        log.info("HorovodRunner: driver channel on %s:%d", channel.host, channel.port)
         try:
             self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity))
             self._watch(channel)

@@ -1,0 +1,1 @@
+"""sparkdl's ``sparkdl.horovod.tensorflow`` path."""

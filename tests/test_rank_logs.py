@@ -1,0 +1,230 @@
+"""What reaches the driver's logger from the ranks, for each launch mode and verbosity."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from airflow_provider_hvd import HorovodRunner, RankFailedError, log_to_driver
+from airflow_provider_hvd.runner.channel import rank_log
+
+RANKS = "airflow_provider_hvd.ranks"
+
+
+def chatty(lines: int = 3) -> str:
+    """Writes to stdout, stderr (Python and C level) and log_to_driver, in a known order."""
+    import os
+    import sys
+
+    import horovod.torch as hvd
+
+    from airflow_provider_hvd.horovod import log_to_driver
+
+    hvd.init()
+    r = hvd.rank()
+    for i in range(lines):
+        print(f"out {r}.{i}")
+        print(f"err {r}.{i}", file=sys.stderr)
+        os.write(2, f"raw {r}.{i}\n".encode())
+        log_to_driver(f"msg {r}.{i}")
+    return "done"
+
+
+def relayed(caplog) -> dict[int, list[str]]:
+    by_rank: dict[int, list[str]] = {}
+    for record in caplog.records:
+        if record.name == RANKS and (m := re.match(r"\[rank (\d+)\] (.*)", record.getMessage(), re.S)):
+            by_rank.setdefault(int(m[1]), []).append(m[2])
+    return by_rank
+
+
+def expected(rank: int, lines: int, everything: bool) -> list[str]:
+    out = []
+    for i in range(lines):
+        if everything:
+            out += [f"out {rank}.{i}", f"err {rank}.{i}", f"raw {rank}.{i}"]
+        out.append(f"msg {rank}.{i}")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _info(caplog):
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+
+
+@pytest.mark.parametrize("verbosity", ["log_callback_only", "all"])
+def test_local_runs_relay_everything_in_order(verbosity, caplog):
+    assert HorovodRunner(np=-2, driver_log_verbosity=verbosity).run(chatty) == "done"
+    assert relayed(caplog) == {r: expected(r, 3, everything=True) for r in (0, 1)}
+
+
+def test_spark_all_relays_every_line_in_order(spark_local, caplog):
+    HorovodRunner(np=2, driver_log_verbosity="all").run(chatty, lines=20)
+    assert relayed(caplog) == {r: expected(r, 20, everything=True) for r in (0, 1)}
+
+
+def test_spark_log_callback_only_relays_only_messages(spark_local, caplog):
+    HorovodRunner(np=2).run(chatty)
+    assert relayed(caplog) == {r: expected(r, 3, everything=False) for r in (0, 1)}
+    assert not re.search(r"(out|err|raw) \d\.\d", caplog.text)
+
+
+def long_message(n: int) -> None:
+    import horovod.torch as hvd
+
+    from airflow_provider_hvd import log_to_driver
+
+    hvd.init()
+    if hvd.rank() == 0:
+        log_to_driver("x" * n)
+        log_to_driver("line one\nline two")
+
+
+def test_messages_are_truncated_at_4000_characters(spark_local, caplog):
+    HorovodRunner(np=2).run(long_message, n=5000)
+    assert relayed(caplog)[0] == ["x" * 4000 + "... [truncated: 5000 characters, 4000 kept]", "line one\nline two"]
+
+
+def test_log_to_driver_outside_a_job_logs_locally(caplog):
+    log_to_driver("not in a job")
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [("airflow_provider_hvd.horovod", "not in a job")]
+    with pytest.raises(TypeError, match="takes a str, not int"):
+        log_to_driver(42)  # type: ignore[arg-type]
+
+
+def bad_message() -> None:
+    from airflow_provider_hvd import log_to_driver
+
+    log_to_driver({"loss": 1.0})  # type: ignore[arg-type]
+
+
+def test_non_string_message_fails_the_rank():
+    with pytest.raises(RankFailedError, match="TypeError: log_to_driver\\(\\) takes a str, not dict"):
+        HorovodRunner(np=-2).run(bad_message)
+
+
+def test_failed_rank_output_tail_is_in_the_error_whatever_the_verbosity(spark_local, caplog):
+    def fail() -> None:
+        for i in range(100):
+            print(f"progress {i}")
+        raise RuntimeError("diverged")
+
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=2).run(fail)
+    assert info.value.output_tail[-3:] == ["progress 97", "progress 98", "progress 99"]
+    assert "progress 99" in str(info.value)
+    assert "progress" not in "".join(relayed(caplog).get(0, []))
+
+
+def keras_fit(epochs: int = 2) -> dict:
+    import keras
+    import numpy as np
+
+    from airflow_provider_hvd.horovod.keras import LogCallback
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 4), dtype="float32")
+    y = (x.sum(axis=1) > 2).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
+    history = model.fit(x, y, epochs=epochs, batch_size=32, verbose=0, callbacks=[LogCallback()])
+    return {"loss": [float(v) for v in history.history["loss"]]}
+
+
+def test_keras_log_callback_in_a_real_fit(spark_local, caplog):
+    result = HorovodRunner(np=2).run(keras_fit)
+    lines = relayed(caplog)
+    assert set(lines) == {0}, "LogCallback sends from rank 0 only"
+    assert [line.split(":")[0] for line in lines[0]] == [
+        "epoch 1/2 begin", "epoch 1/2 end", "epoch 2/2 begin", "epoch 2/2 end",
+    ]
+    end = re.fullmatch(r"epoch 2/2 end: accuracy=([\d.]+) loss=([\d.]+)", lines[0][3])
+    assert end and float(end[2]) == pytest.approx(result["loss"][1], rel=1e-3)
+
+
+def slow_sum(seconds: float) -> float:
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    time.sleep(seconds)
+    return hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
+
+
+def test_foreign_connections_are_rejected_and_the_job_completes(spark_local, caplog):
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("v", HorovodRunner(np=2).run(slow_sum, seconds=4)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (m := re.search(r"driver channel on ([\d.]+):(\d+)", caplog.text)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    address = (m[1], int(m[2]))
+    answers = []
+    for attack in (b"", b"\x00" * 64, b"G" * 32 + b"\x01" * 32):  # silent, garbage, a wrong HMAC
+        with socket.create_connection(address, timeout=15) as sock:
+            nonce = sock.recv(32)
+            assert len(nonce) == 32
+            if attack:
+                sock.sendall(attack)
+            else:
+                sock.shutdown(socket.SHUT_WR)
+            answers.append(sock.recv(64))
+    thread.join(60)
+    assert outcome["v"] == 2.0
+    assert answers == [b"", b"", b""], "the driver answered a peer that did not prove the secret"
+    assert caplog.text.count("rejected a connection") == 3
+
+
+class _Counter(logging.Handler):
+    """Counts relayed lines per rank, checks they come in order, and adds up the drops the driver reports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received = {0: 0, 1: 0}
+        self.last = {0: -1, 1: -1}
+        self.out_of_order = 0
+        self.dropped = {0: 0, 1: 0}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        rank = record.args[0]
+        if record.levelno == logging.WARNING:  # "[rank %s] %d lines of output were dropped ..."
+            self.dropped[rank] += record.args[1]
+            return
+        number = int(record.args[1])
+        self.out_of_order += number <= self.last[rank]
+        self.last[rank] = number
+        self.received[rank] += 1
+
+
+def flood(lines: int) -> int:
+    import sys
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    write = sys.stdout.write
+    for i in range(lines):
+        write(f"{i}\n")
+    sys.stdout.flush()
+    return lines
+
+
+def test_a_million_line_flood_completes(spark_local):
+    counter = _Counter()
+    rank_log.addHandler(counter)
+    rank_log.propagate = False  # 2M records would swamp pytest's log capture
+    try:
+        assert HorovodRunner(np=2, driver_log_verbosity="all").run(flood, lines=1_000_000) == 1_000_000
+    finally:
+        rank_log.propagate = True
+        rank_log.removeHandler(counter)
+    assert counter.out_of_order == 0
+    for rank in (0, 1):  # every line arrived, or the driver said that it dropped it
+        assert counter.received[rank] + counter.dropped[rank] == 1_000_000
