@@ -12,7 +12,12 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="hvd-airflow-home-"))
 os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parent.parent / "dags")
+# the example DAGs and the tests' own, in one DAGs folder (dag.test() re-reads DAGs from it)
+_DAGS = _AIRFLOW_HOME / "dags"
+_DAGS.mkdir()
+for _dag_file in [*Path(__file__).resolve().parent.parent.glob("dags/*.py"), *Path(__file__).resolve().parent.glob("dags/*.py")]:
+    (_DAGS / _dag_file.name).symlink_to(_dag_file)
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -48,3 +48,13 @@ def test_rank_exiting_without_exception_is_reported_within_seconds(pid_dir):
     assert info.value.exit_code == 3 and info.value.remote_traceback is None
     assert_all_gone(wait_for_pids(pid_dir, 2, timeout=1))
     assert not psutil.Process().children(recursive=True), "the driver has leftover child processes"
+
+
+def test_unpicklable_result_is_named():
+    def make_lock():
+        import threading
+
+        return threading.Lock()
+
+    with pytest.raises(RankFailedError, match="rank 0's return value, a lock, cannot be pickled .* return its path"):
+        HorovodRunner(np=-2).run(make_lock)

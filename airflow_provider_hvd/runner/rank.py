@@ -40,6 +40,16 @@ def _error_report(exc: BaseException) -> bytes:
     ).encode()
 
 
+def _pickle_result(value: object) -> bytes:
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(
+            f"rank 0's return value, a {type(value).__qualname__}, cannot be pickled to travel to the driver "
+            f"({exc}); return plain data, or save the object and return its path"
+        ) from exc
+
+
 def main() -> int:
     _die_with_agent()
     payload = sys.stdin.buffer.read()
@@ -56,10 +66,10 @@ def main() -> int:
         fn, args, kwargs = cloudpickle.loads(payload)
         del payload
         value = fn(*args, **kwargs)
-        result = cloudpickle.dumps(value) if rank == 0 else b""
+        result = _pickle_result(value) if rank == 0 else b""
     except SystemExit as exc:
         if exc.code in (None, 0):
-            result = cloudpickle.dumps(None) if rank == 0 else b""
+            result = _pickle_result(None) if rank == 0 else b""
         else:
             control.send(Kind.ERROR, _error_report(exc))
             return 1

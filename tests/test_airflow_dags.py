@@ -1,0 +1,127 @@
+"""Real Airflow (dag.test() on SQLite): the example DAGs, XComs, the task log, on_kill, a standalone cluster."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from jobs import assert_all_gone, wait_for_pids
+
+LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def airflow_db():
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+
+
+@pytest.fixture(autouse=True)
+def _spark_default_local(monkeypatch, caplog):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL2)
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+
+
+@pytest.fixture(scope="module")
+def example_dags():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert not bag.import_errors
+    return bag.dags
+
+
+def states(run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def xcom(run, task_id: str, key: str = "return_value"):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)).first()
+        return XComModel.deserialize_value(row) if row is not None else None
+
+
+def test_decorator_example_trains_and_reports(example_dags, caplog, capsys):
+    run = example_dags["horovod_train_example"].test()
+    assert states(run) == {"prepare_data": "success", "train": "success", "report": "success"}
+    metrics = xcom(run, "train")
+    assert metrics["ranks"] == 2 and metrics["epochs"] == 8 and metrics["accuracy"] > 0.9
+    relayed = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"]
+    assert relayed[0].startswith("[rank 0] epoch 1/8: loss=") and relayed[-1].startswith("[rank 0] epoch 8/8: loss=")
+    assert f"rank 0 result: {metrics}" in capsys.readouterr().out
+
+
+def test_operator_example_relays_every_line(example_dags, caplog):
+    run = example_dags["horovod_operator_example"].test()
+    assert states(run) == {"allreduce": "success"}
+    assert xcom(run, "allreduce") == {"average": 2.0, "size": 2}
+    assert xcom(run, "allreduce", "_link_SparkUILink").startswith("http://")  # the "Spark UI" extra link
+    relayed = {r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"}
+    assert relayed == {
+        "[rank 0] rank 0 of 2 holds 1.0", "[rank 0] rank 0 sees the average 2.0",
+        "[rank 1] rank 1 of 2 holds 3.0", "[rank 1] rank 1 sees the average 2.0",
+    }
+
+
+def test_multiple_outputs_and_templated_arguments(example_dags):
+    run = example_dags["hvd_multiple_outputs"].test()
+    assert states(run) == {"train": "success"}
+    assert xcom(run, "train", "size") == 2
+    assert xcom(run, "train", "tag") == "hvd_multiple_outputs"
+    assert xcom(run, "train", "run_id") == run.run_id
+
+
+def test_a_value_airflow_cannot_store_fails_with_advice(example_dags, capsys):
+    run = example_dags["hvd_bad_xcom"].test()
+    assert states(run) == {"unstorable": "failed"}
+    task_log = capsys.readouterr().out
+    assert "returned a torch.nn.modules.linear.Linear, which Airflow cannot store as an XCom" in task_log
+    assert "save the object (a model, a tensor) to shared storage and return its path" in task_log
+
+
+def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, capsys):
+    from pyspark import SparkContext
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+
+    def kill_when_training() -> None:
+        wait_for_pids(str(pid_dir), 2)
+        os.kill(os.getpid(), signal.SIGTERM)  # what Airflow's supervisor sends; the task runner calls on_kill()
+
+    killer = threading.Thread(target=kill_when_training)
+    killer.start()
+    run = example_dags["hvd_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
+    killer.join()
+    assert states(run) == {"train_forever": "failed"}
+    assert "RunCancelledError: HorovodRunner: the run was cancelled; every rank was ended" in capsys.readouterr().out
+    assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))
+    assert SparkContext._active_spark_context is None, "the task's SparkContext (and its jobs) outlived it"
+
+
+def test_dag_task_on_the_standalone_cluster(example_dags, standalone_cluster, monkeypatch):
+    host_port = standalone_cluster.url.removeprefix("spark://")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", f"spark://{host_port}?spark.cores.max=2")
+    run = example_dags["horovod_operator_example"].test()
+    assert states(run) == {"allreduce": "success"}
+    assert xcom(run, "allreduce") == {"average": 2.0, "size": 2}
+
+
+def test_airflow_tasks_test_from_the_command_line():
+    env = {**os.environ, "AIRFLOW_CONN_SPARK_DEFAULT": LOCAL2}
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", "tasks", "test", "horovod_operator_example", "allreduce"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "[rank 0] rank 0 of 2 holds 1.0" in output and "[rank 1] rank 1 sees the average 2.0" in output
