@@ -88,7 +88,7 @@ def test_a_value_airflow_cannot_store_fails_with_advice(example_dags, capsys):
     assert "save the object (a model, a tensor) to shared storage and return its path" in task_log
 
 
-def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, capsys):
+def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, caplog):
     from pyspark import SparkContext
 
     pid_dir = tmp_path / "pids"
@@ -103,7 +103,7 @@ def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, ca
     run = example_dags["hvd_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
     killer.join()
     assert states(run) == {"train_forever": "failed"}
-    assert "RunCancelledError: HorovodRunner: the run was cancelled; every rank was ended" in capsys.readouterr().out
+    assert "HorovodRunner: the run was cancelled; ending 2 running rank(s)" in caplog.text
     assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))
     assert SparkContext._active_spark_context is None, "the task's SparkContext (and its jobs) outlived it"
 

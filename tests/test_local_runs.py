@@ -7,8 +7,10 @@ import time
 import psutil
 import pytest
 
-from airflow_provider_hvd import HorovodRunner, RankFailedError
-from jobs import allreduce_sum, assert_all_gone, fail_on_rank, train_linear, wait_for_pids
+import threading
+
+from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
+from jobs import allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
 
 
 def test_allreduce_across_two_ranks_returns_rank0_value():
@@ -58,3 +60,17 @@ def test_unpicklable_result_is_named():
 
     with pytest.raises(RankFailedError, match="rank 0's return value, a lock, cannot be pickled .* return its path"):
         HorovodRunner(np=-2).run(make_lock)
+
+
+def test_cancel_ends_every_rank_and_raises(pid_dir):
+    runner = HorovodRunner(np=-2)
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)))
+    thread.start()
+    pids = wait_for_pids(pid_dir, 2)
+    started = time.monotonic()
+    runner.cancel()
+    thread.join(30)
+    assert time.monotonic() - started < 10
+    assert "the run was cancelled; every rank was ended" in str(outcome["error"].value)
+    assert_all_gone(pids, within=1)

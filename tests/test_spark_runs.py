@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from airflow_provider_hvd import HorovodRunner, RankFailedError
+from airflow_provider_hvd import HorovodRunner, HorovodRunnerError, RankFailedError
 from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
 
 
@@ -55,4 +55,7 @@ def test_killing_the_spark_job_leaves_no_rank_behind(spark_local, pid_dir):
     thread.join(60)
     assert not thread.is_alive()
     assert_all_gone(pids)
-    assert isinstance(outcome.get("error"), Exception)
+    error = outcome.get("error")
+    assert isinstance(error, HorovodRunnerError)
+    assert "ended before every rank reported" in str(error) and "SPARK_JOB_CANCELLED" in str(error)
+    assert "\tat org.apache" not in str(error)

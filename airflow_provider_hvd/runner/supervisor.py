@@ -13,7 +13,7 @@ import cloudpickle
 
 from .agent import AgentArgs
 from .channel import AgentConnection, DriverChannel
-from .errors import LaunchError, RankFailedError, RunCancelledError
+from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
 from .rendezvous import Rendezvous, plan_ranks, rank_env
 from .wire import new_secret
 
@@ -42,6 +42,12 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _summary(exc: BaseException) -> str:
+    """An exception's message without a JVM stack trace (py4j puts Spark's into str(exc))."""
+    lines = str(exc).splitlines()
+    return "\n".join(line for line in lines if not line.startswith("\tat ")).strip() or repr(exc)
 
 
 def _failure_line(conn: AgentConnection, lost: str | None) -> str:
@@ -158,25 +164,29 @@ class Supervisor:
 
     def _abort(self, reason: str) -> None:
         self._abort_reason = reason
-        for conn in self._agents:
-            if id(conn) not in self._finished:
-                conn.abort(reason)
+        running = [conn for conn in self._agents if id(conn) not in self._finished]
+        log.warning("HorovodRunner: %s; ending %d running rank(s)", reason, len(running))
+        for conn in running:
+            conn.abort(reason)
 
     def _outcome(self) -> Any:
-        if self._failures:
-            raise self._rank_failed()
+        # ranks the driver ended are collateral: they fail a run only when nothing else explains its end
+        own = [(conn, lost) for conn, lost in self._failures if not (conn.done or {}).get("terminated_by")]
+        if own:
+            raise self._rank_failed(own)
         if self._launch_failure is not None:
-            raise LaunchError(f"{self.launcher.describe()} failed: {self._launch_failure}") from self._launch_failure
+            error = LaunchError if not self._started else HorovodRunnerError
+            raise error(
+                f"{self.launcher.describe()} ended before every rank reported: {_summary(self._launch_failure)}"
+            ) from self._launch_failure
         if self._abort_reason is not None:
             raise RunCancelledError(f"HorovodRunner: {self._abort_reason}; every rank was ended")
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
         assert rank0.result is not None
         return cloudpickle.loads(rank0.result)
 
-    def _rank_failed(self) -> RankFailedError:
-        # ranks the driver ended are collateral; the first failure reported on its own is the cause
-        own = [f for f in self._failures if not (f[0].done or {}).get("terminated_by")]
-        first, lost = (own or self._failures)[0]
+    def _rank_failed(self, own: list[tuple[AgentConnection, str | None]]) -> RankFailedError:
+        first, lost = own[0]  # the first rank that failed on its own is the cause
         done = first.done or {}
         error = done.get("error")
         tail = done.get("tail", [])
