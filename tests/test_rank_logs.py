@@ -197,21 +197,22 @@ class _Counter(logging.Handler):
         if record.levelno == logging.WARNING:  # "[rank %s] %d lines of output were dropped ..."
             self.dropped[rank] += record.args[1]
             return
-        number = int(record.args[1])
+        number = int(record.args[1].split()[0])
         self.out_of_order += number <= self.last[rank]
         self.last[rank] = number
         self.received[rank] += 1
 
 
-def flood(lines: int) -> int:
+def flood(lines: int, width: int = 0) -> int:
     import sys
 
     import horovod.torch as hvd
 
     hvd.init()
     write = sys.stdout.write
+    pad = " " + "." * width if width else ""
     for i in range(lines):
-        write(f"{i}\n")
+        write(f"{i}{pad}\n")
     sys.stdout.flush()
     return lines
 
@@ -228,3 +229,33 @@ def test_a_million_line_flood_completes(spark_local):
     assert counter.out_of_order == 0
     for rank in (0, 1):  # every line arrived, or the driver said that it dropped it
         assert counter.received[rank] + counter.dropped[rank] == 1_000_000
+
+
+class _SlowStart(_Counter):
+    """A driver that stalls for a while (a slow log sink), then keeps up."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if sum(self.received.values()) < 50:
+            time.sleep(0.04)
+        super().emit(record)
+
+
+def test_a_slow_driver_drops_lines_and_says_how_many(monkeypatch):
+    from airflow_provider_hvd.runner import agent
+
+    monkeypatch.setattr(agent, "OUTBOX_CAPACITY_BYTES", 64 << 10)  # local agents run in this process
+    counter = _SlowStart()
+    rank_log.addHandler(counter)
+    rank_log.propagate = False
+    try:
+        started = time.monotonic()
+        # 50,000 lines of 300 bytes: more than the outbox and the kernel's socket buffers hold
+        assert HorovodRunner(np=-2).run(flood, lines=50_000, width=300) == 50_000
+        assert time.monotonic() - started < 60
+    finally:
+        rank_log.propagate = True
+        rank_log.removeHandler(counter)
+    assert counter.out_of_order == 0
+    for rank in (0, 1):
+        assert counter.dropped[rank] > 0, "the stalled driver should have made this rank drop lines"
+        assert counter.received[rank] + counter.dropped[rank] == 50_000

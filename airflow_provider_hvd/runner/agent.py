@@ -25,7 +25,7 @@ from .control import AGENT_PID_ENV, CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marke
 from .wire import ConnectionClosed, FrameStream, Kind, connect_handshake
 
 TAIL_LINES = 50
-OUTBOX_CAPACITY_BYTES = 64 << 20
+OUTBOX_CAPACITY_BYTES = 32 << 20  # per rank; past it lines are dropped and counted
 _BATCH_LINES = 2000
 _MAX_LINE_BYTES = 64 << 10
 _TERMINATE_GRACE_S = 5.0
@@ -50,11 +50,11 @@ class _Outbox:
     are dropped and counted, and the count travels with the next frame.
     """
 
-    def __init__(self, stream: FrameStream, capacity_bytes: int = OUTBOX_CAPACITY_BYTES) -> None:
+    def __init__(self, stream: FrameStream, capacity_bytes: int | None = None) -> None:
         self._stream = stream
-        self._capacity = capacity_bytes
+        self._capacity = capacity_bytes or OUTBOX_CAPACITY_BYTES
         self._cond = threading.Condition()
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[str] = []
         self._frames: collections.deque[tuple[bytes, int]] = collections.deque()
         self._queued_bytes = 0
         self._dropped = 0
@@ -63,20 +63,21 @@ class _Outbox:
         self._thread = threading.Thread(target=self._pump, name="hvd-agent-outbox", daemon=True)
         self._thread.start()
 
-    def put(self, stream: str, text: str) -> None:
+    def put(self, text: str) -> None:
+        size = len(text) + 4  # about what it takes once encoded
         with self._cond:
-            if self._queued_bytes + len(text) > self._capacity:
+            if self._queued_bytes + size > self._capacity:
                 self._dropped += 1
                 self.total_dropped += 1
                 return
-            self._pending.append((stream, text))
-            self._queued_bytes += len(text)
+            self._pending.append(text)
+            self._queued_bytes += size
             if len(self._pending) >= _BATCH_LINES:
                 self._seal()
             self._cond.notify()
 
     def _seal(self) -> None:
-        size = sum(len(text) for _, text in self._pending)
+        size = sum(len(text) + 4 for text in self._pending)
         payload = json.dumps({"lines": self._pending, "dropped": self._dropped}, separators=(",", ":")).encode()
         self._frames.append((payload, size))
         self._pending, self._dropped = [], 0
@@ -161,13 +162,13 @@ class _RankProcess:
             if raw.startswith(self._marker):  # a log_to_driver message: relayed whatever the verbosity
                 text = json.loads(raw[len(self._marker) :])
                 self._echo(text, relayed=True)
-                self._outbox.put("message", text)
+                self._outbox.put(text)
                 continue
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
             self.tail.append(text)
             self._echo(text, relayed=self._args.relay_output)
             if self._args.relay_output:
-                self._outbox.put("output", text)
+                self._outbox.put(text)
         pipe.close()
 
     def _read_control(self, fd: int) -> None:

@@ -124,7 +124,7 @@ class DriverChannel:
                 "[rank %s] %d lines of output were dropped here: the driver did not keep up (%d in all)",
                 conn.rank, batch["dropped"], conn.lines_dropped,
             )
-        for _stream, text in batch["lines"]:
+        for text in batch["lines"]:
             rank_log.info("[rank %s] %s", conn.rank, text)
 
     def close(self) -> None:
