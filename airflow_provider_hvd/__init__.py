@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import runner
 from .runner import (
     HorovodRunner,
     HorovodRunnerError,
@@ -18,15 +19,7 @@ from .runner import (
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "HorovodRunner",
-    "HorovodRunnerError",
-    "LaunchError",
-    "RankFailedError",
-    "RunCancelledError",
-    "horovod_task",
-    "log_to_driver",
-]
+__all__ = [*runner.__all__, "horovod_task"]
 
 
 def __getattr__(name: str) -> Any:

@@ -74,3 +74,19 @@ def test_cancel_ends_every_rank_and_raises(pid_dir):
     assert time.monotonic() - started < 10
     assert "the run was cancelled; every rank was ended" in str(outcome["error"].value)
     assert_all_gone(pids, within=1)
+
+
+def test_an_interrupted_driver_ends_its_ranks(pid_dir):
+    """A KeyboardInterrupt (or Airflow's execution_timeout) raised in run() leaves no rank behind."""
+    import _thread
+
+    def interrupt_when_started() -> None:
+        wait_for_pids(pid_dir, 2)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_started).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        HorovodRunner(np=-2).run(sleep_and_record, pid_dir=pid_dir)
+    assert time.monotonic() - started < 30
+    assert_all_gone(wait_for_pids(pid_dir, 2, timeout=1), within=10)

@@ -97,8 +97,8 @@ class Supervisor:
             self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity))
             self._watch(channel)
         finally:
+            channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
             self.launcher.stop()
-            channel.close()
             if self._rendezvous is not None:
                 self._rendezvous.stop()
         return self._outcome()
