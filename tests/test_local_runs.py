@@ -90,3 +90,19 @@ def test_an_interrupted_driver_ends_its_ranks(pid_dir):
         HorovodRunner(np=-2).run(sleep_and_record, pid_dir=pid_dir)
     assert time.monotonic() - started < 30
     assert_all_gone(wait_for_pids(pid_dir, 2, timeout=1), within=10)
+
+
+def test_processes_a_rank_leaves_behind_are_ended(tmp_path):
+    def leave_a_child(path: str) -> int:
+        import subprocess
+        import sys
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(path, "a").write(f"{child.pid}\n")
+        return child.pid
+
+    pids_file = tmp_path / "children"
+    started = time.monotonic()
+    HorovodRunner(np=-2).run(leave_a_child, path=str(pids_file))
+    assert time.monotonic() - started < 30
+    assert_all_gone([int(pid) for pid in pids_file.read_text().split()], within=5)

@@ -90,7 +90,10 @@ class HorovodRunnerOperator(BaseOperator):
         return {name: context[name] for name in wanted}  # type: ignore[literal-required]
 
     def execute(self, context: Context) -> Any:
-        np = int(self.np) if isinstance(self.np, str) else self.np
+        try:
+            np = int(self.np) if isinstance(self.np, str) else self.np
+        except ValueError:
+            raise ValueError(f"np rendered to {self.np!r}; it must be a non-zero int") from None
         kwargs = {**self._context_kwargs(context), **self.op_kwargs}
         self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
         try:

@@ -160,7 +160,10 @@ class _RankProcess:
     def _relay_output(self, pipe: IO[bytes]) -> None:
         for raw in iter(lambda: pipe.readline(_MAX_LINE_BYTES), b""):
             if raw.startswith(self._marker):  # a log_to_driver message: relayed whatever the verbosity
-                text = json.loads(raw[len(self._marker) :])
+                try:
+                    text = json.loads(raw[len(self._marker) :])
+                except ValueError:  # cut by a concurrent write to fd 1: relay what arrived, as text
+                    text = raw[len(self._marker) :].decode("utf-8", "replace").rstrip("\r\n")
                 self._echo(text, relayed=True)
                 self._outbox.put(text)
                 continue
@@ -201,6 +204,10 @@ class _RankProcess:
 
     def wait(self) -> int:
         code = self.proc.wait()
+        try:  # what the rank started and left running would outlive the run and hold its output pipe
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         for thread in self._threads:
             thread.join()
         return code

@@ -45,6 +45,7 @@ class LocalLauncher:
     def failure(self) -> BaseException | None:
         return self._failure
 
-    def stop(self) -> None:
+    def stop(self, cancel: bool) -> None:
+        """Wait for the agents; those not done yet saw the driver close the channel and are ending their ranks."""
         for thread in self._threads:
             thread.join(timeout=30)

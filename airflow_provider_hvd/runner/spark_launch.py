@@ -120,9 +120,12 @@ class SparkLauncher:
     def failure(self) -> BaseException | None:
         return self._failure
 
-    def stop(self) -> None:
+    def stop(self, cancel: bool) -> None:
+        """Wait for the barrier job to end; cancel it first when the run did not complete."""
         if self._thread is None:
             return
+        if not cancel:
+            self._thread.join(timeout=30)  # the tasks are returning
         if self._thread.is_alive():
             self.sc.cancelJobGroup(self.group)
         self._thread.join(timeout=60)

@@ -32,7 +32,7 @@ class Launcher(Protocol):
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs: ...
     def start(self, args: AgentArgs) -> None: ...
     def failure(self) -> BaseException | None: ...
-    def stop(self) -> None: ...
+    def stop(self, cancel: bool) -> None: ...
 
 
 def _describe_exit(code: int) -> str:
@@ -84,21 +84,23 @@ class Supervisor:
         self._agents: list[AgentConnection] = []  # in the order they said hello
         self._started = False
         self._finished: set[int] = set()  # ids of connections that reported or were lost
-        self._failures: list[tuple[AgentConnection, str | None]] = []
+        self._failures: list[tuple[AgentConnection, str | None]] = []  # (agent, why it was lost, if it was)
+        self._cause: tuple[AgentConnection, str | None] | None = None  # the failure that ended the run
         self._abort_reason: str | None = None
         self._rendezvous: Rendezvous | None = None
-        self._launch_failure: BaseException | None = None
 
     def run(self) -> Any:
         secret = new_secret()
         channel = DriverChannel(self.launcher.driver_host, secret)
         log.info("HorovodRunner: driver channel on %s:%d", channel.host, channel.port)
+        completed = False
         try:
             self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity))
             self._watch(channel)
+            completed = self._abort_reason is None
         finally:
             channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
-            self.launcher.stop()
+            self.launcher.stop(cancel=not completed)
             if self._rendezvous is not None:
                 self._rendezvous.stop()
         return self._outcome()
@@ -115,8 +117,8 @@ class Supervisor:
                 event = None
             if event is not None:
                 self._on_event(event.kind, event.conn, event.detail)
-            if self._abort_reason is None and (failure := self.launcher.failure()) is not None:
-                self._launch_failed(failure)
+            if self._abort_reason is None and self.launcher.failure() is not None:
+                self._abort("the launch failed")
             if self._abort_reason is None and not self._started and time.monotonic() > start_deadline:
                 raise LaunchError(
                     f"only {len(self._agents)} of {self.size} ranks had started after {self._start_timeout_s:.0f}s "
@@ -146,7 +148,8 @@ class Supervisor:
         lost = detail if kind == "lost" else None
         if lost is not None or not (conn.done or {}).get("ok"):
             self._failures.append((conn, lost))
-            if self._abort_reason is None:
+            if self._abort_reason is None:  # later failures are the abort's collateral
+                self._cause = (conn, lost)
                 self._abort(f"rank {conn.rank} failed")
 
     def _start_ranks(self) -> None:
@@ -158,10 +161,6 @@ class Supervisor:
         self._started = True
         log.info("HorovodRunner: %d ranks started (%s)", self.size, self.launcher.describe())
 
-    def _launch_failed(self, failure: BaseException) -> None:
-        self._launch_failure = failure
-        self._abort("the launch failed")
-
     def _abort(self, reason: str) -> None:
         self._abort_reason = reason
         running = [conn for conn in self._agents if id(conn) not in self._finished]
@@ -170,23 +169,22 @@ class Supervisor:
             conn.abort(reason)
 
     def _outcome(self) -> Any:
-        # ranks the driver ended are collateral: they fail a run only when nothing else explains its end
-        own = [(conn, lost) for conn, lost in self._failures if not (conn.done or {}).get("terminated_by")]
-        if own:
-            raise self._rank_failed(own)
-        if self._launch_failure is not None:
+        launch_failure = self.launcher.failure()  # final: the launcher has stopped
+        lost_agent = self._cause is not None and self._cause[1] is not None
+        if self._cause is not None and not (lost_agent and launch_failure is not None):
+            raise self._rank_failed(*self._cause)
+        if self._abort_reason is None:
+            rank0 = next(conn for conn in self._agents if conn.rank == 0)
+            assert rank0.result is not None
+            return cloudpickle.loads(rank0.result)
+        if launch_failure is not None:  # a lost agent is explained best by why Spark ended its task
             error = LaunchError if not self._started else HorovodRunnerError
             raise error(
-                f"{self.launcher.describe()} ended before every rank reported: {_summary(self._launch_failure)}"
-            ) from self._launch_failure
-        if self._abort_reason is not None:
-            raise RunCancelledError(f"HorovodRunner: {self._abort_reason}; every rank was ended")
-        rank0 = next(conn for conn in self._agents if conn.rank == 0)
-        assert rank0.result is not None
-        return cloudpickle.loads(rank0.result)
+                f"{self.launcher.describe()} ended before every rank reported: {_summary(launch_failure)}"
+            ) from launch_failure
+        raise RunCancelledError(f"HorovodRunner: {self._abort_reason}; every rank was ended")
 
-    def _rank_failed(self, own: list[tuple[AgentConnection, str | None]]) -> RankFailedError:
-        first, lost = own[0]  # the first rank that failed on its own is the cause
+    def _rank_failed(self, first: AgentConnection, lost: str | None) -> RankFailedError:
         done = first.done or {}
         error = done.get("error")
         tail = done.get("tail", [])
