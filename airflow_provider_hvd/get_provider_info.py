@@ -12,6 +12,9 @@ def get_provider_info() -> dict[str, Any]:
         "name": "Horovod on Spark",
         "description": "Distributed training with Horovod, launched as a Spark barrier job (sparkdl's HorovodRunner API).",
         "versions": ["0.1.0"],
+        "integrations": [
+            {"integration-name": "Horovod", "external-doc-url": "https://horovod.readthedocs.io/", "tags": ["software"]}
+        ],
         "hooks": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.hooks.horovod"]}],
         "operators": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.operators.horovod"]}],
         "extra-links": ["airflow_provider_hvd.operators.horovod.SparkUILink"],

@@ -53,7 +53,9 @@ def _summary(exc: BaseException) -> str:
 def _failure_line(conn: AgentConnection, lost: str | None) -> str:
     who = f"rank {conn.rank}" if conn.rank is not None else f"the agent at {conn.peer}"
     if lost is not None:
-        return f"{who}: lost its agent (its Spark task or executor died?): {lost}"
+        executor = conn.hello.get("task", {}).get("executor")
+        where = f" on executor {executor}" if executor else ""
+        return f"{who}: lost its agent{where} (its Spark task or executor died?): {lost}"
     done = conn.done or {}
     if done.get("terminated_by"):
         return f"{who}: ended by the driver ({done['terminated_by']})"
