@@ -60,7 +60,6 @@ class DriverChannel:
 
     def __init__(self, host: str, secret: bytes) -> None:
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
-        self.rejected = 0
         self._secret = secret
         self._conns: list[AgentConnection] = []
         self._lock = threading.Lock()
@@ -81,8 +80,6 @@ class DriverChannel:
         try:
             accept_handshake(sock, self._secret)
         except (AuthenticationError, OSError) as exc:
-            with self._lock:
-                self.rejected += 1
             log.warning("HorovodRunner: rejected a connection from %s to the driver channel: %s", peer, exc)
             sock.close()
             return

@@ -25,7 +25,7 @@ MAX_FRAME_BYTES = 1 << 31
 
 
 class Kind(enum.IntEnum):
-    # agent -> driver
+    # agent -> driver (RESULT also rank process -> agent, on the control pipe)
     HELLO = 1
     LOG = 2
     RESULT = 3
