@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +10,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_hvd.runner import HorovodRunner
+from airflow_provider_hvd.runner.spark_launch import default_executor_python
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -107,8 +107,8 @@ class HorovodHook(BaseHook):
         # pyspark's driver takes the executors' Python from the environment, not from the SparkConf
         if "spark.pyspark.python" in conf:
             os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
-        elif master.startswith("local"):
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        else:
+            default_executor_python(master)
         builder = SparkSession.builder.master(master).appName(self.app_name)
         for key, value in conf.items():
             builder = builder.config(key, value)

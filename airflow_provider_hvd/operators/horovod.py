@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.runner.errors import RunCancelledError
-from airflow_provider_hvd.runner.runner import VERBOSITIES
+from airflow_provider_hvd.runner.runner import check_verbosity
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -61,8 +61,7 @@ class HorovodRunnerOperator(BaseOperator):
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
-        if driver_log_verbosity not in VERBOSITIES:
-            raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
+        check_verbosity(driver_log_verbosity)  # at parse time, not when the task runs
         self.python_callable = python_callable
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})

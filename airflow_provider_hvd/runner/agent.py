@@ -43,6 +43,10 @@ class AgentArgs:
     echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
 
 
+def _queued_size(text: str) -> int:
+    return len(text) + 4  # about what a line takes once encoded in a batch
+
+
 class _Outbox:
     """Lines on their way to the driver, bounded in bytes.
 
@@ -64,7 +68,7 @@ class _Outbox:
         self._thread.start()
 
     def put(self, text: str) -> None:
-        size = len(text) + 4  # about what it takes once encoded
+        size = _queued_size(text)
         with self._cond:
             if self._queued_bytes + size > self._capacity:
                 self._dropped += 1
@@ -77,7 +81,7 @@ class _Outbox:
             self._cond.notify()
 
     def _seal(self) -> None:
-        size = sum(len(text) + 4 for text in self._pending)
+        size = sum(map(_queued_size, self._pending))
         payload = json.dumps({"lines": self._pending, "dropped": self._dropped}, separators=(",", ":")).encode()
         self._frames.append((payload, size))
         self._pending, self._dropped = [], 0

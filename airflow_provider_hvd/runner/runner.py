@@ -18,6 +18,11 @@ from .supervisor import Launcher, Supervisor
 VERBOSITIES = ("all", "log_callback_only")
 
 
+def check_verbosity(driver_log_verbosity: str) -> None:
+    if driver_log_verbosity not in VERBOSITIES:
+        raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
+
+
 @contextlib.contextmanager
 def _rank_logs_visible() -> Iterator[None]:
     """Show relayed rank lines on stderr when the application configured no logging (a plain script)."""
@@ -53,8 +58,7 @@ class HorovodRunner:
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
-        if driver_log_verbosity not in VERBOSITIES:
-            raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
+        check_verbosity(driver_log_verbosity)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self._cancelled = False

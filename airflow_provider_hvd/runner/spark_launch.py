@@ -23,6 +23,17 @@ if TYPE_CHECKING:
 SLOT_WAIT_S = 15.0
 
 
+def is_local(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``...: the executors are threads of the driver's JVM, on this host."""
+    return master.startswith("local")
+
+
+def default_executor_python(master: str) -> None:
+    """On a local master the executors run on this host: give them this interpreter unless told otherwise."""
+    if is_local(master):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
 def active_session() -> SparkSession:
     """The active SparkSession, or a new one on ``local[*]`` when there is none."""
     from pyspark import SparkContext
@@ -32,7 +43,7 @@ def active_session() -> SparkSession:
     if spark is None and SparkContext._active_spark_context is not None:
         spark = SparkSession.builder.getOrCreate()
     if spark is None:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors on this host: this interpreter
+        default_executor_python("local[*]")
         spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").getOrCreate()
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         raise LaunchError(
@@ -70,8 +81,8 @@ class SparkLauncher:
         self.sc = spark.sparkContext
         self.size = size
         self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
-        master = self.sc.master
-        self.driver_host = LOOPBACK if master.startswith("local") else socket.gethostbyname(
+        self.local = is_local(self.sc.master)
+        self.driver_host = LOOPBACK if self.local else socket.gethostbyname(
             self.sc.getConf().get("spark.driver.host") or socket.gethostname()
         )
         self._thread: threading.Thread | None = None
@@ -87,7 +98,7 @@ class SparkLauncher:
                 "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
                 f"and spark.executor.instances so that the cluster holds {self.size} task slots."
             )
-        deadline = time.monotonic() + (0 if self.sc.master.startswith("local") else SLOT_WAIT_S)
+        deadline = time.monotonic() + (0 if self.local else SLOT_WAIT_S)
         slots = task_slots(self.sc)
         while slots < self.size and time.monotonic() < deadline:  # executors may still be registering
             time.sleep(0.5)
@@ -102,8 +113,8 @@ class SparkLauncher:
             )
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
-        on_driver = self.sc.master.startswith("local")  # local executors' stderr is the driver's own
-        return AgentArgs(host, port, secret, relay_output=verbosity == "all", echo_output=True, echo_relayed=not on_driver)
+        # local executors' stderr is the driver's own: relayed lines would show twice
+        return AgentArgs(host, port, secret, relay_output=verbosity == "all", echo_output=True, echo_relayed=not self.local)
 
     def _run_job(self, args: AgentArgs) -> None:
         try:
