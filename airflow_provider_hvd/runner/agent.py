@@ -1,34 +1,52 @@
 """The rank agent: one per rank, beside its rank process (a driver thread locally, the barrier task on Spark).
 
-It connects to the driver channel, receives the rank's Horovod environment and the pickled job, starts
-the rank process, relays its output as the verbosity says, and reports how it ended. It ends the rank
-process when the driver asks (another rank failed, the run was cancelled) or disappears.
+It connects to the driver channel, says where it runs, receives the rank's slot and the pickled job, starts
+the rank process under a reaper (:mod:`.reaper`), relays its output as the verbosity says, and reports how
+it ended. It ends the rank when the driver asks (another rank failed, the run was cancelled) or goes away.
+Its own failures are reported to the driver too.
 """
 
 from __future__ import annotations
 
 import collections
-import json
+import dataclasses
 import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Any
+from pathlib import Path
 
-import psutil
-
-from .control import AGENT_PID_ENV, CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
-from .wire import ConnectionClosed, FrameStream, Kind, connect_handshake
+from . import reaper
+from .control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
+from .messages import (
+    Abort,
+    AgentFailed,
+    Done,
+    DriverMessage,
+    Hello,
+    Payload,
+    RankError,
+    RemoteError,
+    Result,
+    Start,
+    receive,
+    send,
+)
+from .rank_env import rank_environment
+from .relay import Outbox, OutputSplitter, Piece
+from .wire import ConnectionClosed, FrameStream, connect_handshake
 
 TAIL_LINES = 50
-OUTBOX_CAPACITY_BYTES = 32 << 20  # per rank; past it lines are dropped and counted
-_BATCH_LINES = 2000
-_MAX_LINE_BYTES = 64 << 10
-_TERMINATE_GRACE_S = 5.0
+CONNECT_TIMEOUT_S = 30.0
+EXIT_AFTER_REPORT_S = 10.0  # a rank that reported but does not exit is ended after this
+_OUTPUT_DRAIN_S = 5.0  # after the reaper exited, output still held open by an escaped process is abandoned
+_MESSAGE_WAIT_S = 10.0
+_REAPER = str(Path(reaper.__file__).resolve())
 
 
 @dataclass(frozen=True)
@@ -41,112 +59,42 @@ class AgentArgs:
     relay_output: bool  # stdout/stderr lines go to the driver (verbosity "all", and local runs)
     echo_output: bool  # lines go to this process's stderr too, tagged with the rank (the executor's log)...
     echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
-
-
-def _queued_size(text: str) -> int:
-    return len(text) + 4  # about what a line takes once encoded in a batch
-
-
-class _Outbox:
-    """Lines on their way to the driver, bounded in bytes.
-
-    The rank's pipes are always drained, so a slow driver never stalls training; past the bound, lines
-    are dropped and counted, and the count travels with the next frame.
-    """
-
-    def __init__(self, stream: FrameStream, capacity_bytes: int | None = None) -> None:
-        self._stream = stream
-        self._capacity = capacity_bytes or OUTBOX_CAPACITY_BYTES
-        self._cond = threading.Condition()
-        self._pending: list[str] = []
-        self._frames: collections.deque[tuple[bytes, int]] = collections.deque()
-        self._queued_bytes = 0
-        self._dropped = 0
-        self.total_dropped = 0
-        self._closed = False
-        self._thread = threading.Thread(target=self._pump, name="hvd-agent-outbox", daemon=True)
-        self._thread.start()
-
-    def put(self, text: str) -> None:
-        size = _queued_size(text)
-        with self._cond:
-            if self._queued_bytes + size > self._capacity:
-                self._dropped += 1
-                self.total_dropped += 1
-                return
-            self._pending.append(text)
-            self._queued_bytes += size
-            if len(self._pending) >= _BATCH_LINES:
-                self._seal()
-            self._cond.notify()
-
-    def _seal(self) -> None:
-        size = sum(map(_queued_size, self._pending))
-        payload = json.dumps({"lines": self._pending, "dropped": self._dropped}, separators=(",", ":")).encode()
-        self._frames.append((payload, size))
-        self._pending, self._dropped = [], 0
-
-    def _pump(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._frames or self._pending or self._dropped or self._closed):
-                    self._cond.wait()
-                if self._pending or self._dropped:
-                    self._seal()
-                if not self._frames:
-                    return  # closed and empty
-                payload, size = self._frames.popleft()
-            try:
-                self._stream.send(Kind.LOG, payload)
-            except OSError:
-                return  # the driver is gone; the agent's watcher ends the rank
-            with self._cond:
-                self._queued_bytes -= size
-
-    def close(self) -> None:
-        """Send what is queued, then stop."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join()
-
-
-def interface_of(ip: str) -> str:
-    """The network interface that holds ``ip`` (Gloo binds its transport to an interface)."""
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(addr.family == socket.AF_INET and addr.address == ip for addr in addrs):
-            return name
-    if ip.startswith("127."):
-        return "lo"
-    raise RuntimeError(f"no network interface holds {ip}, the address this host uses to reach the driver")
+    keep_omp_threads: bool = False  # OMP_NUM_THREADS was set explicitly for the ranks (see rank_env)
 
 
 class _RankProcess:
-    def __init__(self, rank: int, env: dict[str, str], payload: bytes, args: AgentArgs, outbox: _Outbox) -> None:
+    """The rank process (under its reaper), its output relay and its control pipe."""
+
+    def __init__(self, rank: int, env: dict[str, str], payload: bytes, args: AgentArgs, outbox: Outbox) -> None:
         self.rank = rank
         self._args = args
         self._outbox = outbox
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.result: bytes | None = None
-        self.error: dict[str, Any] | None = None
+        self.error: RemoteError | None = None
+        self.reported = threading.Event()
         self.terminated_by: str | None = None
+        self._messages: dict[int, str] = {}
+        self._messages_cond = threading.Condition()
+        self._stop_reading = threading.Event()
         token = secrets.token_hex(16)
-        self._marker = message_marker(token)
+        self._splitter = OutputSplitter(message_marker(token))
         ctl_read, ctl_write = os.pipe()
-        env = {**env, CONTROL_FD_ENV: str(ctl_write), AGENT_PID_ENV: str(os.getpid()), LOG_TOKEN_ENV: token}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_provider_hvd.runner.rank"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,  # one stream, so that the relay keeps the rank's order
-            env=env,
-            pass_fds=(ctl_write,),
-            start_new_session=True,  # its own process group, so that ending it ends its children too
-        )
-        os.close(ctl_write)
+        env = {**env, CONTROL_FD_ENV: str(ctl_write), LOG_TOKEN_ENV: token}
+        out_read, out_write = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", _REAPER, str(os.getpid()), sys.executable, "-m",
+                 "airflow_provider_hvd.runner.rank"],
+                stdin=subprocess.PIPE, stdout=out_write, stderr=out_write,  # one pipe: the rank's order is kept
+                env=env, pass_fds=(ctl_write,), start_new_session=True,
+            )
+        finally:
+            os.close(ctl_write)
+            os.close(out_write)
         self._threads = [
-            threading.Thread(target=self._relay_output, args=(self.proc.stdout,), daemon=True),
-            threading.Thread(target=self._read_control, args=(ctl_read,), daemon=True),
+            threading.Thread(target=self._relay_output, args=(out_read,), name=f"hvd-rank{rank}-output", daemon=True),
+            threading.Thread(target=self._read_control_until_closed, args=(ctl_read,), name=f"hvd-rank{rank}-control", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -161,103 +109,142 @@ class _RankProcess:
         if self._args.echo_output and (self._args.echo_relayed or not relayed):
             sys.stderr.write(f"[rank {self.rank}] {text}\n")
 
-    def _relay_output(self, pipe: IO[bytes]) -> None:
-        for raw in iter(lambda: pipe.readline(_MAX_LINE_BYTES), b""):
-            if raw.startswith(self._marker):  # a log_to_driver message: relayed whatever the verbosity
-                try:
-                    text = json.loads(raw[len(self._marker) :])
-                except ValueError:  # cut by a concurrent write to fd 1: relay what arrived, as text
-                    text = raw[len(self._marker) :].decode("utf-8", "replace").rstrip("\r\n")
+    def _take(self, piece: Piece) -> None:
+        if isinstance(piece, int):  # a log_to_driver message: relayed whatever the verbosity
+            with self._messages_cond:
+                self._messages_cond.wait_for(lambda: piece in self._messages, timeout=_MESSAGE_WAIT_S)
+                text = self._messages.pop(piece, None)
+            if text is not None:
                 self._echo(text, relayed=True)
                 self._outbox.put(text)
-                continue
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            self.tail.append(text)
-            self._echo(text, relayed=self._args.relay_output)
-            if self._args.relay_output:
-                self._outbox.put(text)
-        pipe.close()
+            return
+        self.tail.append(piece)
+        self._echo(piece, relayed=self._args.relay_output)
+        if self._args.relay_output:
+            self._outbox.put(piece)
+
+    def _relay_output(self, fd: int) -> None:
+        try:
+            while not self._stop_reading.is_set():
+                if not select.select([fd], [], [], 0.5)[0]:
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                for piece in self._splitter.feed(data):
+                    self._take(piece)
+            for piece in self._splitter.end():
+                self._take(piece)
+        finally:
+            os.close(fd)
 
     def _read_control(self, fd: int) -> None:
         control = FrameStream(os.fdopen(fd, "rb"), write=None)
         while True:
             try:
-                kind, data = control.recv()
+                message = receive(control)
             except ConnectionClosed:
                 return
-            if kind is Kind.RESULT:
-                self.result = data
-            elif kind is Kind.ERROR:
-                self.error = json.loads(data)
+            if isinstance(message, DriverMessage):
+                with self._messages_cond:
+                    self._messages[message.seq] = message.text
+                    self._messages_cond.notify_all()
+                continue
+            if isinstance(message, Result):
+                self.result = message.data
+            elif isinstance(message, RankError):
+                self.error = message.error
+            self.reported.set()
+
+    def _read_control_until_closed(self, fd: int) -> None:
+        try:
+            self._read_control(fd)
+        finally:
+            self.reported.set()  # the rank is gone, whether it reported or not
 
     def terminate(self, reason: str) -> None:
-        """End the rank process and everything it started: SIGTERM, then SIGKILL after a grace period."""
+        """End the rank and everything it started (the reaper does: SIGTERM, then SIGKILL after a grace)."""
         if self.proc.poll() is not None:
             return
-        self.terminated_by = reason
-        for sig, wait_s in ((signal.SIGTERM, _TERMINATE_GRACE_S), (signal.SIGKILL, None)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        self.terminated_by = self.terminated_by or reason
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(reaper.TERMINATE_GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # the rank dies with its reaper
 
     def wait(self) -> int:
-        code = self.proc.wait()
-        try:  # what the rank started and left running would outlive the run and hold its output pipe
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for thread in self._threads:
-            thread.join()
+        """Wait for the rank to end; one that reported but does not exit is ended after a grace."""
+        self.reported.wait()
+        try:
+            code = self.proc.wait(EXIT_AFTER_REPORT_S)
+        except subprocess.TimeoutExpired:
+            self.terminate(f"it reported but had not exited {EXIT_AFTER_REPORT_S:.0f}s later")
+            code = self.proc.wait()
+        self._threads[1].join()
+        self._threads[0].join(_OUTPUT_DRAIN_S)
+        self._stop_reading.set()  # a process that escaped the reaper holds the output open: stop reading
+        self._threads[0].join()
         return code
 
 
 def _watch_driver(stream: FrameStream, rank_process: _RankProcess) -> None:
     try:
-        kind, data = stream.recv()
-        reason = json.loads(data).get("reason", "aborted by the driver") if kind is Kind.ABORT else f"unexpected {kind.name}"
+        message = receive(stream)
+        reason = message.reason if isinstance(message, Abort) else f"unexpected {type(message).__name__}"
     except (ConnectionClosed, OSError):
         reason = "lost the connection to the driver"
     rank_process.terminate(reason)
 
 
-def run_agent(args: AgentArgs, task: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run one rank under supervision; returns a short report (the driver gets the full one)."""
-    sock = socket.create_connection((args.driver_host, args.port), timeout=30)
+def _run_rank(args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, payload: bytes) -> threading.Thread:
+    env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
+    outbox = Outbox(stream)
+    rank_process = _RankProcess(start.rank, env, payload, args, outbox)
+    watcher = threading.Thread(target=_watch_driver, args=(stream, rank_process), name="hvd-agent-watch", daemon=True)
+    watcher.start()
+    exit_code = rank_process.wait()
+    outbox.close()
+    if rank_process.result is not None and start.rank == 0:
+        send(stream, Result(rank_process.result))
+    send(
+        stream,
+        Done(
+            exit_code=exit_code,
+            ok=exit_code == 0 and rank_process.result is not None,
+            error=rank_process.error,
+            terminated_by=rank_process.terminated_by,
+            tail=list(rank_process.tail),
+            dropped=outbox.total_dropped,
+        ),
+    )
+    return watcher
+
+
+def run_agent(args: AgentArgs, hello: Hello | None = None) -> str:
+    """Run one rank under supervision; returns what became of it, in a word."""
+    sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
+    stream = FrameStream.over_socket(sock)
+    watcher: threading.Thread | None = None
     try:
         connect_handshake(sock, args.secret)
-        stream = FrameStream.over_socket(sock)
-        local_ip = sock.getsockname()[0]
-        stream.send_json(Kind.HELLO, {"host": local_ip, "pid": os.getpid(), "task": task or {}})
-        kind, data = stream.recv()
-        if kind is not Kind.START:
-            return {"started": False}
-        start = json.loads(data)
-        kind, payload = stream.recv()
-        rank = start["rank"]
-        env = {**os.environ, **start["env"], "HOROVOD_GLOO_IFACE": interface_of(local_ip), "PYTHONUNBUFFERED": "1"}
-        outbox = _Outbox(stream)
-        rank_process = _RankProcess(rank, env, payload, args, outbox)
-        del payload
-        threading.Thread(target=_watch_driver, args=(stream, rank_process), daemon=True).start()
-        exit_code = rank_process.wait()
-        outbox.close()
-        if rank_process.result is not None and rank == 0:
-            stream.send(Kind.RESULT, rank_process.result)
-        done = {
-            "exit_code": exit_code,
-            "error": rank_process.error,
-            "ok": exit_code == 0 and rank_process.result is not None,
-            "terminated_by": rank_process.terminated_by,
-            "tail": list(rank_process.tail),
-            "dropped": outbox.total_dropped,
-        }
-        stream.send_json(Kind.DONE, done)
-        return {"rank": rank, "exit_code": exit_code}
+        host = sock.getsockname()[0]
+        hello = Hello(host=host, pid=os.getpid()) if hello is None else dataclasses.replace(hello, host=host)
+        send(stream, hello)
+        try:
+            start = receive(stream)
+            if not isinstance(start, Start):
+                return "turned away"  # an Abort: the run has ended, or started without this task
+            payload = receive(stream)
+            assert isinstance(payload, Payload)
+            watcher = _run_rank(args, stream, hello, start, payload.data)
+            return "done"
+        except (ConnectionClosed, OSError):
+            return "lost the driver"
+        except BaseException as exc:  # noqa: BLE001 - the agent's own failure: the driver must hear of it
+            send(stream, AgentFailed(RemoteError.of(exc)))
+            return "failed"
     finally:
-        sock.close()
+        stream.close()
+        if watcher is not None:
+            watcher.join()

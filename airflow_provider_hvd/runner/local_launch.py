@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 from .agent import AgentArgs, run_agent
+from .outcome import LaunchFailed
 
 LOOPBACK = "127.0.0.1"
 
@@ -26,7 +28,9 @@ class LocalLauncher:
         """Local runs may oversubscribe the host's cores, as sparkdl's do."""
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
-        return AgentArgs(host, port, secret, relay_output=True, echo_output=False)
+        return AgentArgs(
+            host, port, secret, relay_output=True, echo_output=False, keep_omp_threads="OMP_NUM_THREADS" in os.environ
+        )
 
     def _agent(self, args: AgentArgs) -> None:
         try:
@@ -42,10 +46,15 @@ class LocalLauncher:
         for thread in self._threads:
             thread.start()
 
-    def failure(self) -> BaseException | None:
-        return self._failure
+    def failure(self) -> LaunchFailed | None:
+        if self._failure is None:
+            return None
+        return LaunchFailed(self.describe(), f"a rank agent failed: {self._failure!r}", self._failure)
+
+    def task_failure(self, task: tuple[int, int]) -> str | None:
+        return None
 
     def stop(self, cancel: bool) -> None:
         """Wait for the agents; those not done yet saw the driver close the channel and are ending their ranks."""
         for thread in self._threads:
-            thread.join(timeout=30)
+            thread.join(timeout=60)

@@ -6,12 +6,16 @@ import contextlib
 import site
 import sys
 import sysconfig
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import cloudpickle
+
+# cloudpickle's by-value registry is global: runs pickling at once in one process take turns
+_BY_VALUE_LOCK = threading.Lock()
 
 
 def _installed_roots() -> list[Path]:
@@ -54,5 +58,5 @@ def dumps_job(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     by_value = [module] if module is not None and not is_installed(module) else []
-    with _by_value(by_value):
+    with _BY_VALUE_LOCK, _by_value(by_value):
         return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))

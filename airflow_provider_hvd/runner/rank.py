@@ -1,43 +1,34 @@
 """Rank-process entry point: ``python -m airflow_provider_hvd.runner.rank``.
 
-Started by an agent with the Horovod environment set, the pickled job on stdin and the control pipe's
-descriptor in ``HVD_RUNNER_CONTROL_FD``. Runs ``main(*args, **kwargs)``; rank 0 sends back its return
-value, a failing rank its traceback. Its stdout and stderr go to the agent, which relays them.
+Started by the agent's reaper (:mod:`.reaper`) with the Horovod environment set, the pickled job on stdin
+and the control pipe's descriptor in ``HVD_RUNNER_CONTROL_FD``. Runs ``main(*args, **kwargs)``; rank 0
+sends back its return value, a failing rank its traceback. Its stdout and stderr go to the agent, which
+relays them. Once it has reported, it exits: threads ``main`` left running do not hold the run.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
-import json
 import os
 import signal
 import sys
-import traceback
 
 import cloudpickle
 
-from .control import AGENT_PID_ENV, CONTROL_FD_ENV, write_all
-from .wire import FrameStream, Kind
+from .control import CONTROL_FD_ENV, RANK_PID_ENV, control_pipe
+from .messages import RankError, RemoteError, Result
 
+PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_agent() -> None:
-    """Have the kernel kill this process when its agent dies, so that no rank outlives its run."""
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when its reaper dies, so that no rank outlives its run."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(os.environ.get(AGENT_PID_ENV, os.getppid())):
-        os._exit(70)  # the agent died before prctl took effect
-
-
-def _error_report(exc: BaseException) -> bytes:
-    return json.dumps(
-        {
-            "type": type(exc).__qualname__,
-            "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc)),
-        }
-    ).encode()
+    if os.getppid() != int(os.environ.get(PARENT_PID_ENV, os.getppid())):
+        os._exit(70)  # the reaper died before prctl took effect
 
 
 def _pickle_result(value: object) -> bytes:
@@ -50,37 +41,42 @@ def _pickle_result(value: object) -> bytes:
         ) from exc
 
 
+def _run(rank: int) -> int:
+    pipe = control_pipe()
+    assert pipe is not None
+    try:
+        fn, args, kwargs = cloudpickle.loads(sys.stdin.buffer.read())
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        try:
+            value = fn(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+            value = None
+        result = _pickle_result(value) if rank == 0 else b""
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        pipe.send(RankError(RemoteError.of(exc)))
+        return 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    pipe.send(Result(result))
+    return 0
+
+
 def main() -> int:
-    _die_with_agent()
-    payload = sys.stdin.buffer.read()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
     if CONTROL_FD_ENV not in os.environ:
         print("airflow_provider_hvd.runner.rank is started by HorovodRunner, not by hand", file=sys.stderr)
         return 2
-    control_fd = int(os.environ[CONTROL_FD_ENV])
-    control = FrameStream(reader=None, write=lambda data: write_all(control_fd, data))  # type: ignore[arg-type]
-    rank = int(os.environ["HOROVOD_RANK"])
-    try:
-        fn, args, kwargs = cloudpickle.loads(payload)
-        del payload
-        value = fn(*args, **kwargs)
-        result = _pickle_result(value) if rank == 0 else b""
-    except SystemExit as exc:
-        if exc.code in (None, 0):
-            result = _pickle_result(None) if rank == 0 else b""
-        else:
-            control.send(Kind.ERROR, _error_report(exc))
-            return 1
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
-        control.send(Kind.ERROR, _error_report(exc))
-        return 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    control.send(Kind.RESULT, result)
-    return 0
+    _die_with_parent()
+    os.environ[RANK_PID_ENV] = str(os.getpid())  # log_to_driver works in this process, not in its children
+    code = _run(int(os.environ["HOROVOD_RANK"]))
+    atexit._run_exitfuncs()  # e.g. Horovod's shutdown; then exit without waiting for threads main left
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

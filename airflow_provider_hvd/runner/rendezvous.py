@@ -1,13 +1,75 @@
-"""Horovod's own Gloo rendezvous server, bound to the driver address the ranks use, and the rank plan."""
+"""Horovod's own Gloo rendezvous server, bound to the driver address the ranks use, and the rank plan.
+
+Hardened for a run: it answers only this run's hosts, takes bodies of at most :data:`MAX_BODY_BYTES`,
+and closes a connection that takes longer than :data:`REQUEST_TIMEOUT_S` (Gloo's requests are small).
+"""
 
 from __future__ import annotations
 
-import os
+import socket
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+MAX_BODY_BYTES = 1 << 20
+REQUEST_TIMEOUT_S = 10.0
+_PAYLOAD_TOO_LARGE = 413
+
+
+class _Handler(RendezvousHandler):
+    timeout = REQUEST_TIMEOUT_S  # per read
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        self.server.untrack(self.connection)  # type: ignore[attr-defined]
+        super().finish()
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            self.send_status_code(_PAYLOAD_TOO_LARGE)
+            self.close_connection = True
+            return
+        super().do_PUT()
+
+
+class _Server(RendezvousHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, host: str) -> None:
+        super().__init__((host, 0), _Handler, 0)
+        self.allowed: frozenset[str] = frozenset()
+        self._open: dict[socket.socket, float] = {}
+        self._open_lock = threading.Lock()
+
+    def verify_request(self, request: object, client_address: tuple[str, int]) -> bool:  # type: ignore[override]
+        return client_address[0] in self.allowed
+
+    def track(self, conn: socket.socket) -> None:
+        with self._open_lock:
+            self._open[conn] = time.monotonic() + REQUEST_TIMEOUT_S
+
+    def untrack(self, conn: socket.socket) -> None:
+        with self._open_lock:
+            self._open.pop(conn, None)
+
+    def service_actions(self) -> None:
+        """Between polls of serve_forever: close connections that have taken too long."""
+        now = time.monotonic()
+        with self._open_lock:
+            late = [conn for conn, deadline in self._open.items() if deadline < now]
+        for conn in late:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class Rendezvous:
@@ -15,12 +77,16 @@ class Rendezvous:
 
     def __init__(self, host: str) -> None:
         self.host = host
-        self._httpd = RendezvousHTTPServer((host, 0), RendezvousHandler, 0)
+        self._httpd = _Server(host)
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hvd-rendezvous", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="hvd-rendezvous", daemon=True
+        )
         self._thread.start()
 
-    def init(self, plan: list[SlotInfo]) -> None:
+    def init(self, plan: list[SlotInfo], hosts: Iterable[str]) -> None:
+        """Serve ``plan`` to the rank processes on ``hosts`` (their addresses as the driver sees them)."""
+        self._httpd.allowed = frozenset(hosts)
         self._httpd.init(plan)
 
     def stop(self) -> None:
@@ -45,7 +111,7 @@ def plan_ranks(hosts: list[str]) -> list[SlotInfo]:
     return by_agent  # type: ignore[return-value]
 
 
-def rank_env(slot: SlotInfo, rendezvous: Rendezvous) -> dict[str, str]:
+def slot_env(slot: SlotInfo, rendezvous: Rendezvous) -> dict[str, str]:
     """The environment that makes ``hvd.init()`` in a rank process join this run over Gloo."""
     env = {
         "HOROVOD_RANK": slot.rank,
@@ -60,7 +126,4 @@ def rank_env(slot: SlotInfo, rendezvous: Rendezvous) -> dict[str, str]:
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
     }
-    if "OMP_NUM_THREADS" not in os.environ:
-        # ranks sharing a host share its cores; without this each one starts a thread per core
-        env["OMP_NUM_THREADS"] = max(1, (os.cpu_count() or 1) // slot.local_size)
     return {key: str(value) for key, value in env.items()}

@@ -6,7 +6,9 @@ import contextlib
 import inspect
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .channel import rank_log
@@ -23,22 +25,37 @@ def check_verbosity(driver_log_verbosity: str) -> None:
         raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
 
 
+_console_lock = threading.Lock()
+_console_users = 0
+_console_handler = logging.StreamHandler(sys.stderr)
+_console_handler.setFormatter(logging.Formatter("%(message)s"))
+
+
 @contextlib.contextmanager
 def _rank_logs_visible() -> Iterator[None]:
-    """Show relayed rank lines on stderr when the application configured no logging (a plain script)."""
-    if rank_log.hasHandlers():
-        yield
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    previous_level = rank_log.level
-    rank_log.addHandler(handler)
-    rank_log.setLevel(logging.INFO)
+    """Show relayed rank lines on stderr while runs are going on, if the application set up no logging."""
+    global _console_users
+    with _console_lock:
+        ours = _console_users > 0 or not rank_log.hasHandlers()
+        if ours:
+            if _console_users == 0:
+                rank_log.addHandler(_console_handler)
+            _console_users += 1
     try:
         yield
     finally:
-        rank_log.removeHandler(handler)
-        rank_log.setLevel(previous_level)
+        if ours:
+            with _console_lock:
+                _console_users -= 1
+                if _console_users == 0:
+                    rank_log.removeHandler(_console_handler)
+
+
+@dataclass
+class _Run:
+    """One run in progress; ``cancel()`` sets its flag (a plain attribute: safe in a signal handler)."""
+
+    cancelled: bool = False
 
 
 class HorovodRunner:
@@ -61,7 +78,7 @@ class HorovodRunner:
         check_verbosity(driver_log_verbosity)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
-        self._cancelled = False
+        self._runs: list[_Run] = []
 
     def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -87,15 +104,22 @@ class HorovodRunner:
             launcher = LocalLauncher(-self.num_processor)
         else:
             launcher = SparkLauncher(active_session(), self.num_processor)
-        launcher.check_slots()
-        with _rank_logs_visible():
-            return Supervisor(
-                launcher, payload, self.driver_log_verbosity, lambda: self._cancelled, self.start_timeout_s
-            ).run()
+        run = _Run()
+        self._runs.append(run)
+        try:
+            launcher.check_slots()
+            with _rank_logs_visible():
+                return Supervisor(
+                    launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
+                ).run()
+        finally:
+            self._runs.remove(run)
 
     def cancel(self) -> None:
-        """End a run in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
+        """End the runs in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
 
-        Only sets a flag (safe in a signal handler); the running ``run`` ends the ranks within moments.
+        Only sets a flag (safe in a signal handler); the running ``run`` ends the ranks within moments. The
+        runner can run again afterwards.
         """
-        self._cancelled = True
+        for run in list(self._runs):
+            run.cancelled = True

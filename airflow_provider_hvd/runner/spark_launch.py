@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -15,17 +16,33 @@ from typing import TYPE_CHECKING, Any
 from .agent import AgentArgs, run_agent
 from .errors import LaunchError
 from .local_launch import LOOPBACK
+from .messages import Hello
+from .outcome import LaunchFailed
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 SLOT_WAIT_S = 15.0
+_TASK_FAILURE_POLL_S = 1.0
+_JVM_FRAME = re.compile(r"\tat |\t\.\.\. \d+ more$")
+_PY4J_CALL = "An error occurred while calling "
+_LOCAL_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
 
 
 def is_local(master: str) -> bool:
-    """``local``, ``local[N]``, ``local[*]``...: the executors are threads of the driver's JVM, on this host."""
-    return master.startswith("local")
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: the executors are threads of the driver's JVM.
+
+    Not ``local-cluster[...]``, whose executors are JVMs of their own.
+    """
+    return _LOCAL_MASTER.fullmatch(master) is not None
+
+
+def summary(exc: BaseException | str) -> str:
+    """An error's message without a JVM stack trace (py4j and Spark put them in the text)."""
+    lines = [line for line in str(exc).splitlines() if not _JVM_FRAME.match(line) and not line.startswith(_PY4J_CALL)]
+    text = "\n".join(lines).strip().removeprefix(": ").removeprefix("org.apache.spark.SparkException: ")
+    return text or repr(exc)
 
 
 def default_executor_python(master: str) -> None:
@@ -64,12 +81,16 @@ def _barrier_task(args: AgentArgs) -> Callable[[Iterator[Any]], Iterator[str]]:
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        info = {
-            "partition": ctx.partitionId(),
-            "attempt": ctx.attemptNumber(),
-            "executor": ctx.getTaskInfos()[ctx.partitionId()].address,
-        }
-        yield json.dumps(run_agent(args, task=info))
+        hello = Hello(
+            host="",  # the address it reaches the driver from, filled in by the agent
+            pid=os.getpid(),
+            executor=ctx.getTaskInfos()[ctx.partitionId()].address,
+            partition=ctx.partitionId(),
+            attempt=ctx.attemptNumber(),
+            cpus=ctx.cpus(),
+            resources={name: list(info.addresses) for name, info in ctx.resources().items()},
+        )
+        yield json.dumps(run_agent(args, hello))
 
     return task
 
@@ -87,6 +108,8 @@ class SparkLauncher:
         )
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._task_failure: LaunchFailed | None = None
+        self._next_poll = 0.0
 
     def describe(self) -> str:
         return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
@@ -113,8 +136,11 @@ class SparkLauncher:
             )
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
-        # local executors' stderr is the driver's own: relayed lines would show twice
-        return AgentArgs(host, port, secret, relay_output=verbosity == "all", echo_output=True, echo_relayed=not self.local)
+        return AgentArgs(
+            host, port, secret, relay_output=verbosity == "all", echo_output=True,
+            echo_relayed=not self.local,  # local executors' stderr is the driver's own: relayed lines would show twice
+            keep_omp_threads=self.sc.getConf().get("spark.executorEnv.OMP_NUM_THREADS") is not None,
+        )
 
     def _run_job(self, args: AgentArgs) -> None:
         try:
@@ -128,8 +154,44 @@ class SparkLauncher:
         self._thread = threading.Thread(target=self._run_job, args=(args,), name="hvd-spark-job", daemon=True)
         self._thread.start()
 
-    def failure(self) -> BaseException | None:
-        return self._failure
+    def failure(self) -> LaunchFailed | None:
+        """The barrier job's failure, or the first of its tasks that failed (Spark may be about to retry it)."""
+        if self._failure is not None:
+            return LaunchFailed(self.describe(), summary(self._failure), self._failure)
+        if self._task_failure is None and time.monotonic() >= self._next_poll:
+            self._next_poll = time.monotonic() + _TASK_FAILURE_POLL_S
+            failed = next(iter(self._failed_tasks().values()), None)
+            if failed is not None:
+                self._task_failure = LaunchFailed(self.describe(), failed)
+        return self._task_failure
+
+    def _failed_tasks(self) -> dict[tuple[int, int], str]:
+        """Spark's reason for each failed task of this run's job, by (partition, attempt)."""
+        tracker = self.sc.statusTracker()
+        store = self.sc._jsc.sc().statusStore()  # type: ignore[attr-defined]
+        failed = {}
+        for job_id in tracker.getJobIdsForGroup(self.group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job else ():
+                stage = tracker.getStageInfo(stage_id)
+                for stage_attempt in range(stage.currentAttemptId + 1 if stage else 0):
+                    tasks = store.taskList(stage_id, stage_attempt, 1 << 20).iterator()
+                    while tasks.hasNext():
+                        info = tasks.next()
+                        if info.status() == "FAILED":
+                            message = info.errorMessage()
+                            failed[(info.index(), info.attempt())] = (
+                                f"Spark task {info.index()} (attempt {info.attempt()}) failed on executor "
+                                f"{info.executorId()} ({info.host()}): "
+                                + (summary(message.get()) if message.isDefined() else "no reason given")
+                            )
+        return failed
+
+    def task_failure(self, task: tuple[int, int]) -> str | None:
+        try:
+            return self._failed_tasks().get(task)
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone: the reason is a nicety
+            return None
 
     def stop(self, cancel: bool) -> None:
         """Wait for the barrier job to end; cancel it first when the run did not complete."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
-import signal
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -12,18 +12,35 @@ from typing import Any, Protocol
 import cloudpickle
 
 from .agent import AgentArgs
-from .channel import AgentConnection, DriverChannel
-from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from .rendezvous import Rendezvous, plan_ranks, rank_env
+from .channel import AgentConnection, ChannelEvent, DriverChannel
+from .messages import AgentFailed as AgentFailedMessage
+from .messages import Done, Hello, Start
+from .outcome import (
+    AgentFailed,
+    AgentLost,
+    Cancelled,
+    Event,
+    LaunchFailed,
+    Phase,
+    RankFailed,
+    RankSucceeded,
+    RunOutcome,
+    StartTimedOut,
+)
+from .rank_env import forwarded_settings
+from .rendezvous import Rendezvous, plan_ranks, slot_env
 from .wire import new_secret
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 ABORT_WAIT_S = 15.0  # the agents' SIGTERM grace period, and some
+LAUNCH_FAILURE_SETTLE_S = 1.0  # a failed Spark task's agent connection ends about then: it names the rank
 _POLL_S = 0.2
 
 
 class Launcher(Protocol):
+    """A way to start one agent per rank (:mod:`.local_launch`, :mod:`.spark_launch`)."""
+
     driver_host: str
     size: int
 
@@ -31,39 +48,9 @@ class Launcher(Protocol):
     def check_slots(self) -> None: ...
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs: ...
     def start(self, args: AgentArgs) -> None: ...
-    def failure(self) -> BaseException | None: ...
+    def failure(self) -> LaunchFailed | None: ...
+    def task_failure(self, task: tuple[int, int]) -> str | None: ...
     def stop(self, cancel: bool) -> None: ...
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _summary(exc: BaseException) -> str:
-    """An exception's message without a JVM stack trace (py4j puts Spark's into str(exc))."""
-    lines = str(exc).splitlines()
-    return "\n".join(line for line in lines if not line.startswith("\tat ")).strip() or repr(exc)
-
-
-def _failure_line(conn: AgentConnection, lost: str | None) -> str:
-    who = f"rank {conn.rank}" if conn.rank is not None else f"the agent at {conn.peer}"
-    if lost is not None:
-        executor = conn.hello.get("task", {}).get("executor")
-        where = f" on executor {executor}" if executor else ""
-        return f"{who}: lost its agent{where} (its Spark task or executor died?): {lost}"
-    done = conn.done or {}
-    if done.get("terminated_by"):
-        return f"{who}: ended by the driver ({done['terminated_by']})"
-    if done.get("error"):
-        return f"{who}: {done['error']['type']}: {done['error']['message']}"
-    if done.get("exit_code") == 0:
-        return f"{who}: exited without returning a result"
-    return f"{who}: {_describe_exit(done.get('exit_code', -1))} without a Python exception"
 
 
 class Supervisor:
@@ -84,60 +71,72 @@ class Supervisor:
         self._cancelled = cancelled
         self._start_timeout_s = start_timeout_s
         self._agents: list[AgentConnection] = []  # in the order they said hello
-        self._started = False
         self._finished: set[int] = set()  # ids of connections that reported or were lost
-        self._failures: list[tuple[AgentConnection, str | None]] = []  # (agent, why it was lost, if it was)
-        self._cause: tuple[AgentConnection, str | None] | None = None  # the failure that ended the run
-        self._abort_reason: str | None = None
+        self._outcome = RunOutcome(self.size)
         self._rendezvous: Rendezvous | None = None
 
     def run(self) -> Any:
         secret = new_secret()
         channel = DriverChannel(self.launcher.driver_host, secret)
         log.info("HorovodRunner: driver channel on %s:%d", channel.host, channel.port)
-        completed = False
         try:
             self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity))
             self._watch(channel)
-            completed = self._abort_reason is None
         finally:
             channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
-            self.launcher.stop(cancel=not completed)
+            self.launcher.stop(cancel=self._outcome.cause is not None or len(self._outcome.succeeded) < self.size)
             if self._rendezvous is not None:
                 self._rendezvous.stop()
-        return self._outcome()
+        error = self._outcome.error(self.launcher.task_failure)
+        if error is not None:
+            raise error
+        rank0 = next(conn for conn in self._agents if conn.rank == 0)
+        assert rank0.result is not None
+        return cloudpickle.loads(rank0.result)
+
+    def _running(self) -> list[AgentConnection]:
+        return [conn for conn in self._agents if conn.rank is not None and id(conn) not in self._finished]
 
     def _watch(self, channel: DriverChannel) -> None:
         start_deadline = time.monotonic() + self._start_timeout_s
-        abort_deadline = float("inf")
+        abort_deadline: float | None = None
+        launch_failed_at: float | None = None
         while True:
-            if self._abort_reason is None and self._cancelled():
-                self._abort("the run was cancelled")
+            if self._cancelled():
+                self._record(Cancelled())
             try:
-                event = channel.events.get(timeout=_POLL_S)
+                self._on_event(channel.events.get(timeout=_POLL_S))
             except queue.Empty:
-                event = None
-            if event is not None:
-                self._on_event(event.kind, event.conn, event.detail)
-            if self._abort_reason is None and self.launcher.failure() is not None:
-                self._abort("the launch failed")
-            if self._abort_reason is None and not self._started and time.monotonic() > start_deadline:
-                raise LaunchError(
-                    f"only {len(self._agents)} of {self.size} ranks had started after {self._start_timeout_s:.0f}s "
-                    f"({self.launcher.describe()}); the cluster may be short of task slots or the executors "
-                    "cannot reach this driver"
-                )
-            if self._abort_reason is not None and abort_deadline == float("inf"):
-                abort_deadline = time.monotonic() + ABORT_WAIT_S
-            running = [c for c in self._agents if id(c) not in self._finished]
-            if self._started and not running:
-                return
-            if self._abort_reason is not None and (not running or time.monotonic() > abort_deadline):
-                return
+                pass
+            now = time.monotonic()
+            failure = self.launcher.failure()
+            if failure is not None and not self._outcome.ending:
+                launch_failed_at = launch_failed_at or now
+                if now - launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
+                    self._record(failure)
+            if self._outcome.phase is Phase.STARTING and now > start_deadline:
+                self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+            if self._outcome.ending:
+                abort_deadline = abort_deadline or now + ABORT_WAIT_S
+                if not self._running() or now > abort_deadline:
+                    return
 
-    def _on_event(self, kind: str, conn: AgentConnection, detail: str) -> None:
-        if kind == "hello":
-            if self._started or self._abort_reason is not None:
+    def _agents_started(self) -> int:
+        return sum(conn.rank is not None for conn in self._agents)
+
+    def _record(self, event: Event) -> None:
+        reason = self._outcome.record(event)
+        if reason is None:
+            return
+        waiting = [conn for conn in self._agents if id(conn) not in self._finished]
+        log.warning("HorovodRunner: %s; ending %d running rank(s)", reason, len(self._running()))
+        for conn in waiting:
+            conn.abort(reason)
+
+    def _on_event(self, event: ChannelEvent) -> None:
+        conn, message = event.conn, event.message
+        if isinstance(message, Hello):
+            if self._agents_started() or self._outcome.ending:
                 conn.abort("this run has already started or ended; a re-run task cannot join it")
                 return
             self._agents.append(conn)
@@ -145,64 +144,32 @@ class Supervisor:
                 self._start_ranks()
             return
         if conn not in self._agents:
-            return  # a late, turned-away agent
+            return  # a turned-away agent, or a connection that never said hello
         self._finished.add(id(conn))
-        lost = detail if kind == "lost" else None
-        if lost is not None or not (conn.done or {}).get("ok"):
-            self._failures.append((conn, lost))
-            if self._abort_reason is None:  # later failures are the abort's collateral
-                self._cause = (conn, lost)
-                self._abort(f"rank {conn.rank} failed")
+        where = conn.where()
+        if isinstance(message, Done):
+            if message.ok:
+                self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
+            else:
+                self._record(RankFailed(conn.rank, where, message))  # type: ignore[arg-type]
+        elif isinstance(message, AgentFailedMessage):
+            self._record(AgentFailed(conn.rank, where, message.error))
+        else:
+            hello = conn.hello
+            task = (hello.partition, hello.attempt) if hello and hello.partition is not None else None
+            self._record(AgentLost(conn.rank, where, event.lost, task))  # type: ignore[arg-type]
 
     def _start_ranks(self) -> None:
-        plan = plan_ranks([conn.hello["host"] for conn in self._agents])
+        hosts = [conn.hello.host for conn in self._agents]  # type: ignore[union-attr]
+        plan = plan_ranks(hosts)
         self._rendezvous = Rendezvous(self.launcher.driver_host)
-        self._rendezvous.init(plan)
+        self._rendezvous.init(plan, hosts)
+        settings = forwarded_settings(os.environ)
         for conn, slot in zip(self._agents, plan):
-            conn.start(slot.rank, rank_env(slot, self._rendezvous), self._payload)
-        self._started = True
+            start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous)}, slot.local_size)
+            try:
+                conn.start(start, self._payload)
+            except OSError:
+                pass  # it is gone: its connection's end is on its way as an event
+        self._outcome.started()
         log.info("HorovodRunner: %d ranks started (%s)", self.size, self.launcher.describe())
-
-    def _abort(self, reason: str) -> None:
-        self._abort_reason = reason
-        running = [conn for conn in self._agents if id(conn) not in self._finished]
-        log.warning("HorovodRunner: %s; ending %d running rank(s)", reason, len(running))
-        for conn in running:
-            conn.abort(reason)
-
-    def _outcome(self) -> Any:
-        launch_failure = self.launcher.failure()  # final: the launcher has stopped
-        lost_agent = self._cause is not None and self._cause[1] is not None
-        if self._cause is not None and not (lost_agent and launch_failure is not None):
-            raise self._rank_failed(*self._cause)
-        if self._abort_reason is None:
-            rank0 = next(conn for conn in self._agents if conn.rank == 0)
-            assert rank0.result is not None
-            return cloudpickle.loads(rank0.result)
-        if launch_failure is not None:  # a lost agent is explained best by why Spark ended its task
-            error = LaunchError if not self._started else HorovodRunnerError
-            raise error(
-                f"{self.launcher.describe()} ended before every rank reported: {_summary(launch_failure)}"
-            ) from launch_failure
-        raise RunCancelledError(f"HorovodRunner: {self._abort_reason}; every rank was ended")
-
-    def _rank_failed(self, first: AgentConnection, lost: str | None) -> RankFailedError:
-        done = first.done or {}
-        error = done.get("error")
-        tail = done.get("tail", [])
-        others = [_failure_line(conn, why) for conn, why in self._failures if conn is not first]
-        parts = [f"Horovod rank {first.rank} of {self.size} failed: " + _failure_line(first, lost).split(": ", 1)[1]]
-        if error:
-            parts.append(f"--- remote traceback (rank {first.rank}) ---\n{error['traceback'].rstrip()}")
-        if tail:
-            parts.append(f"--- last {len(tail)} lines of rank {first.rank}'s output ---\n" + "\n".join(tail))
-        if others:
-            parts.append("--- other ranks ---\n" + "\n".join(others))
-        return RankFailedError(
-            "\n".join(parts),
-            rank=first.rank,
-            exit_code=done.get("exit_code"),
-            remote_traceback=error["traceback"] if error else None,
-            output_tail=tail,
-            other_failures=others,
-        )

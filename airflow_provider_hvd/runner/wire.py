@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import json
 import os
 import secrets
 import socket
@@ -25,17 +24,21 @@ MAX_FRAME_BYTES = 1 << 31
 
 
 class Kind(enum.IntEnum):
+    """The kind byte of a frame; :mod:`.messages` has a dataclass for each."""
+
     # agent -> driver (RESULT also rank process -> agent, on the control pipe)
     HELLO = 1
     LOG = 2
     RESULT = 3
     DONE = 4
+    AGENT_FAILED = 5
     # driver -> agent
     START = 10
     PAYLOAD = 11
     ABORT = 12
     # rank process -> agent (control pipe)
     ERROR = 20
+    MESSAGE = 21
 
 
 class ConnectionClosed(EOFError):
@@ -65,17 +68,29 @@ class FrameStream:
         self._write = write
         self._lock = threading.Lock()
 
+        self._sock: socket.socket | None = None
+
     @classmethod
     def over_socket(cls, sock: socket.socket) -> FrameStream:
-        return cls(sock.makefile("rb"), sock.sendall)
+        stream = cls(sock.makefile("rb"), sock.sendall)
+        stream._sock = sock
+        return stream
+
+    def close(self) -> None:
+        """Shut the socket down (a thread blocked reading it wakes up) and release it."""
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._reader is not None:
+            self._reader.close()
 
     def send(self, kind: Kind, payload: bytes = b"") -> None:
         frame = _HEADER.pack(kind, len(payload)) + payload
         with self._lock:
             self._write(frame)
-
-    def send_json(self, kind: Kind, obj: Any) -> None:
-        self.send(kind, json.dumps(obj, separators=(",", ":")).encode())
 
     def recv(self) -> tuple[Kind, bytes]:
         kind, length = _HEADER.unpack(_read_exact(self._reader, _HEADER.size))

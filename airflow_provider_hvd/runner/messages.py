@@ -1,0 +1,192 @@
+"""The messages between a rank process, its agent and the driver: one small dataclass per kind.
+
+Each travels as one frame (:mod:`.wire`): a kind byte, then JSON, or raw bytes for pickled data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .wire import FrameStream, Kind
+
+
+@dataclass(frozen=True)
+class Message:
+    KIND: ClassVar[Kind]
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        return cls(**json.loads(data))
+
+
+@dataclass(frozen=True)
+class RawMessage(Message):
+    """A message that is one blob of bytes (pickled data), sent as is."""
+
+    data: bytes
+
+    def encode(self) -> bytes:
+        return self.data
+
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        return cls(data)
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """A Python exception on the other side, as text."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteError:
+        import traceback
+
+        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)))
+
+    def line(self) -> str:
+        return f"{self.type}: {self.message}" if self.message else self.type
+
+
+# agent -> driver
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """An agent is ready: where it runs (``host`` is the address it reaches the driver from)."""
+
+    KIND: ClassVar[Kind] = Kind.HELLO
+    host: str
+    pid: int
+    executor: str | None = None  # Spark only: the executor id, its partition and attempt
+    partition: int | None = None
+    attempt: int | None = None
+    cpus: int | None = None  # the cores Spark gave the task
+    resources: dict[str, list[str]] = field(default_factory=dict)  # Spark's task resources (gpu -> addresses)
+
+    def where(self) -> str:
+        if self.executor is None:
+            return f"on {self.host}"
+        return f"in Spark task {self.partition} (attempt {self.attempt}) on executor {self.executor} ({self.host})"
+
+
+@dataclass(frozen=True)
+class LogBatch(Message):
+    KIND: ClassVar[Kind] = Kind.LOG
+    lines: list[str]
+    dropped: int = 0  # lines dropped since the last batch (the driver did not keep up)
+
+
+@dataclass(frozen=True)
+class Result(RawMessage):
+    """Rank 0's pickled return value (also rank process -> agent on the control pipe)."""
+
+    KIND: ClassVar[Kind] = Kind.RESULT
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    """How the rank ended; the agent's last message."""
+
+    KIND: ClassVar[Kind] = Kind.DONE
+    exit_code: int
+    ok: bool
+    error: RemoteError | None = None
+    terminated_by: str | None = None  # the driver's reason when it asked the agent to end the rank
+    tail: list[str] = field(default_factory=list)
+    dropped: int = 0
+
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        fields = json.loads(data)
+        error = fields.pop("error")
+        return cls(error=RemoteError(**error) if error else None, **fields)
+
+
+@dataclass(frozen=True)
+class AgentFailed(Message):
+    """The agent itself failed (not its rank): its exception."""
+
+    KIND: ClassVar[Kind] = Kind.AGENT_FAILED
+    error: RemoteError
+
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        return cls(RemoteError(**json.loads(data)["error"]))
+
+
+# driver -> agent
+
+
+@dataclass(frozen=True)
+class Start(Message):
+    """Start the rank: its Horovod slot and the settings it runs with."""
+
+    KIND: ClassVar[Kind] = Kind.START
+    rank: int
+    horovod_env: dict[str, str]  # what makes hvd.init() join this run, and the driver's forwarded HOROVOD_* settings
+    local_size: int
+
+
+@dataclass(frozen=True)
+class Payload(RawMessage):
+    """The pickled job: (main, args, kwargs)."""
+
+    KIND: ClassVar[Kind] = Kind.PAYLOAD
+
+
+@dataclass(frozen=True)
+class Abort(Message):
+    KIND: ClassVar[Kind] = Kind.ABORT
+    reason: str
+
+
+# rank process -> agent (control pipe)
+
+
+@dataclass(frozen=True)
+class RankError(Message):
+    KIND: ClassVar[Kind] = Kind.ERROR
+    error: RemoteError
+
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        return cls(RemoteError(**json.loads(data)["error"]))
+
+
+@dataclass(frozen=True)
+class DriverMessage(Message):
+    """A ``log_to_driver`` message; its marker line with the same ``seq`` keeps its place in the output."""
+
+    KIND: ClassVar[Kind] = Kind.MESSAGE
+    seq: int
+    text: str
+
+
+_BY_KIND: dict[Kind, type[Message]] = {
+    cls.KIND: cls
+    for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Payload, Abort, RankError, DriverMessage)
+}
+
+
+def send(stream: FrameStream, message: Message) -> None:
+    stream.send(message.KIND, message.encode())
+
+
+def receive(stream: FrameStream) -> Message:
+    """The next message; :class:`~.wire.ConnectionClosed` at the end of the stream."""
+    kind, data = stream.recv()
+    return _BY_KIND[kind].decode(data)
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,61 @@
+"""A rank's environment, computed by its agent where the rank runs.
+
+On top of the agent's own environment (the executor's, with ``spark.executorEnv.*``; the driver's for
+local runs): the driver's own ``HOROVOD_*`` settings (``HOROVOD_TIMELINE``, ``HOROVOD_FUSION_THRESHOLD``,
+``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :data:`RUNNER_SET`), then the
+rank's Horovod slot, the Gloo interface that reaches the driver, and ``OMP_NUM_THREADS`` from the cores the
+rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+import psutil
+
+from .messages import Hello, Start
+
+# what HorovodRunner sets for each rank; the driver's own values of these are not forwarded
+RUNNER_SET = frozenset(
+    {
+        "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+        "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE",
+    }
+)
+
+
+def forwarded_settings(driver_env: Mapping[str, str]) -> dict[str, str]:
+    """The driver's ``HOROVOD_*`` settings that every rank gets."""
+    return {key: value for key, value in driver_env.items() if key.startswith("HOROVOD_") and key not in RUNNER_SET}
+
+
+def interface_of(ip: str) -> str:
+    """The network interface that holds ``ip`` (Gloo binds its transport to an interface)."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(addr.family == socket.AF_INET and addr.address == ip for addr in addrs):
+            return name
+    if ip.startswith("127."):
+        return "lo"
+    raise RuntimeError(f"no network interface holds {ip}, the address this host uses to reach the driver")
+
+
+def omp_threads(hello: Hello, local_size: int) -> int:
+    """Threads per rank: the cores Spark gave the task, or this host's cores shared by its ranks."""
+    if hello.cpus is not None:
+        return max(1, hello.cpus)
+    return max(1, (os.cpu_count() or 1) // local_size)
+
+
+def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_omp_threads: bool) -> dict[str, str]:
+    """The environment of the rank process that ``start`` starts on this agent.
+
+    ``keep_omp_threads``: ``OMP_NUM_THREADS`` in ``base`` was set explicitly (``spark.executorEnv``, or the
+    driver's environment for local runs), so it stays; else it is computed.
+    """
+    env = {**base, **start.horovod_env, "HOROVOD_GLOO_IFACE": interface_of(hello.host), "PYTHONUNBUFFERED": "1"}
+    if not (keep_omp_threads and "OMP_NUM_THREADS" in base):
+        env["OMP_NUM_THREADS"] = str(omp_threads(hello, start.local_size))
+    return env

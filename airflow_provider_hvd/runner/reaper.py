@@ -1,0 +1,149 @@
+"""Sits between an agent and its rank process, so that nothing the rank starts outlives the run.
+
+Run as a script (standard library only, so that it starts in milliseconds):
+``python -I -S reaper.py AGENT_PID RANK_COMMAND...``. It is a child subreaper: processes that the rank
+starts and leaves behind are re-parented to it, wherever they moved in the process tree. It dies with its
+agent (parent-death signal), however the agent dies, and then ends everything below it; the rank dies with
+it in turn. It ends everything below it when the rank exits too (SIGTERM, then SIGKILL after a grace),
+and on SIGTERM from the agent. It exits the way the rank did (code, or signal), which is what the agent sees.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"
+TERMINATE_GRACE_S = 5.0  # the rank's time to end after SIGTERM
+LEFTOVER_GRACE_S = 1.0  # what the rank left running, after it exited
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class _Terminate(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminate
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _reap() -> None:
+    """Collect exited children (the subreaper's duty), without blocking."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _end_everything_below(grace_s: float) -> None:
+    me = os.getpid()
+    _signal_all(descendants(me), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap()
+        if not descendants(me):
+            return
+        time.sleep(0.05)
+    for _ in range(10):  # a process may still fork while it is being killed
+        left = descendants(me)
+        if not left:
+            return
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.02)
+        _reap()
+
+
+def _exit_as(status: int) -> None:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: die of the same one
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
+
+
+def _terminate(rank: int) -> tuple[int, float]:
+    """SIGTERM the rank and everything below; SIGKILL the rank after the grace. Its status, the grace left."""
+    _signal_all([rank, *descendants(os.getpid())], signal.SIGTERM)
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    while time.monotonic() < deadline:
+        pid, status = os.waitpid(rank, os.WNOHANG)
+        if pid:
+            return status, deadline - time.monotonic()
+        time.sleep(0.02)
+    _signal_all([rank], signal.SIGKILL)
+    return os.waitpid(rank, 0)[1], 0.0
+
+
+def main(argv: list[str]) -> None:
+    agent_pid, command = int(argv[0]), argv[1:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if os.getppid() != agent_pid:
+        os._exit(70)  # the agent died before prctl took effect
+    control_fd = int(os.environ["HVD_RUNNER_CONTROL_FD"])
+    rank = None
+    try:
+        rank = subprocess.Popen(
+            command, env={**os.environ, PARENT_PID_ENV: str(os.getpid())}, pass_fds=(control_fd,),
+            start_new_session=True,  # its own process group: the agent's terminal signals do not reach it
+        )
+        # keep none of the rank's pipes open: the agent sees their end once the rank and its children are gone
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        os.close(control_fd)
+        status = os.waitpid(rank.pid, 0)[1]
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        grace = LEFTOVER_GRACE_S
+    except _Terminate:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if rank is None:
+            os._exit(128 + signal.SIGTERM)
+        status, grace = _terminate(rank.pid)
+    _end_everything_below(grace)
+    _exit_as(status)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
