@@ -259,3 +259,85 @@ def test_a_slow_driver_drops_lines_and_says_how_many(monkeypatch):
     for rank in (0, 1):
         assert counter.dropped[rank] > 0, "the stalled driver should have made this rank drop lines"
         assert counter.received[rank] + counter.dropped[rank] == 50_000
+
+
+MARKER = b"\x1ehvd-log:token:"
+
+
+@pytest.mark.parametrize(
+    ("chunks", "pieces"),
+    [
+        ([b"a\nb\r\nc\rd", b"\n"], ["a", "b", "c", "d"]),  # \n, \r\n and \r each end a line
+        ([b"10%\r20%\r" + MARKER + b"7\n", b"done\n"], ["10%", "20%", 7, "done"]),
+        ([b"half a li" + MARKER[:5], MARKER[5:] + b"12\nne\n"], ["half a li", 12, "ne"]),  # marker mid-line, split
+        (["é".encode()[:1], "é".encode()[1:] + b"\n"], ["é"]),  # a character split across reads
+        ([b"\r", b"\nnext\n"], ["", "next"]),  # \r\n split across reads is one line end
+        ([MARKER + b"x\n"], [MARKER.decode() + "x"]),  # not a marker after all: plain text
+        ([b"\xff\xfe bytes\n"], ["\ufffd\ufffd bytes"]),
+        ([b"no newline at the end"], ["no newline at the end"]),
+    ],
+)
+def test_output_splitting(chunks, pieces):
+    from airflow_provider_hvd.runner.relay import OutputSplitter
+
+    splitter = OutputSplitter(MARKER)
+    got = [piece for chunk in chunks for piece in splitter.feed(chunk)] + splitter.end()
+    assert got == pieces
+
+
+def test_long_lines_are_cut_at_a_character_boundary():
+    from airflow_provider_hvd.runner.relay import OutputSplitter
+
+    splitter = OutputSplitter(MARKER, max_line_bytes=11)
+    assert splitter.feed(b"x" * 10 + "é".encode() + b"yy\n") == ["x" * 10, "éyy"]
+
+
+class _StalledStream:
+    """A driver connection that accepts nothing until released."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def send(self, kind, payload) -> None:
+        self.released.wait()
+
+
+def test_the_outbox_bound_counts_bytes_not_characters():
+    from airflow_provider_hvd.runner.relay import Outbox
+
+    stream = _StalledStream()
+    outbox = Outbox(stream, capacity_bytes=64 << 10)  # type: ignore[arg-type]
+    for _ in range(200):
+        outbox.put("\ufffd" * 1000)  # invalid UTF-8, decoded: 3 bytes a character on the wire
+    stream.released.set()
+    outbox.close()
+    kept = 200 - outbox.total_dropped
+    assert 3000 * kept <= 64 << 10 + 2 * 3004 and kept >= 19
+
+
+def progress_bar_and_messages() -> None:
+    import sys
+
+    import horovod.torch as hvd
+
+    from airflow_provider_hvd import log_to_driver
+
+    hvd.init()
+    for pct in (10, 50, 90):
+        sys.stderr.write(f"\rtraining {pct}%")  # tqdm's way: no newline until the end
+        sys.stderr.flush()
+        log_to_driver(f"checkpoint at {pct}% ✓")
+    sys.stderr.write("\n")
+
+
+def test_messages_after_progress_bars_arrive(spark_local, caplog):
+    HorovodRunner(np=2).run(progress_bar_and_messages)
+    expected = [f"checkpoint at {pct}% ✓" for pct in (10, 50, 90)]
+    assert relayed(caplog) == {0: expected, 1: expected}
+
+
+def test_progress_bars_are_relayed_as_they_go(caplog):
+    HorovodRunner(np=-2).run(progress_bar_and_messages)
+    lines = relayed(caplog)[0]
+    assert lines == ["training 10%", "checkpoint at 10% ✓", "training 50%", "checkpoint at 50% ✓",
+                     "training 90%", "checkpoint at 90% ✓"]

@@ -9,6 +9,7 @@ import pytest
 from airflow_provider_hvd import HorovodRunner, LaunchError
 from conftest import make_session
 from jobs import train_linear
+from test_rank_logs import progress_bar_and_messages
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +31,13 @@ def test_ranks_land_on_two_executors_and_train(cluster_session):
 def test_too_many_ranks_for_the_cluster(cluster_session):
     with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* has 2"):
         HorovodRunner(np=3).run(train_linear)
+
+
+def test_executor_logs_keep_unrelayed_lines_and_never_show_a_marker(cluster_session, standalone_cluster, caplog):
+    caplog.set_level("INFO", logger="airflow_provider_hvd")
+    HorovodRunner(np=2).run(progress_bar_and_messages)
+    app = cluster_session.sparkContext.applicationId
+    executor_stderr = "".join(path.read_text() for path in standalone_cluster.workdir.glob(f"worker-*/{app}/*/stderr"))
+    assert "[rank 0] training 50%" in executor_stderr and "[rank 1] training 90%" in executor_stderr
+    assert "[rank 1] checkpoint at 90% ✓" in executor_stderr  # relayed, and kept in the executor's log too
+    assert "hvd-log" not in executor_stderr and "\x1e" not in executor_stderr

@@ -10,8 +10,16 @@ import keras
 from airflow_provider_hvd.runner.control import log_to_driver
 
 
+def _format_value(value: Any) -> str:
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):  # a tensor or array of several values, a string...
+        value = value.tolist() if hasattr(value, "tolist") else value
+        return str(value)
+
+
 def _format_logs(logs: dict[str, Any] | None) -> str:
-    return " ".join(f"{name}={float(value):.4g}" for name, value in (logs or {}).items())
+    return " ".join(f"{name}={_format_value(value)}" for name, value in (logs or {}).items())
 
 
 class LogCallback(keras.callbacks.Callback):

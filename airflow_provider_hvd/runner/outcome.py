@@ -157,8 +157,9 @@ class RunOutcome:
             return exc
         before_start = self._phase_at_cause is Phase.STARTING
         if isinstance(cause, AgentFailed):
+            of_rank = f" of rank {cause.rank}" if cause.rank is not None else ""
             text = (
-                f"the HorovodRunner agent of {_who(cause.rank, cause.where)} {cause.where} failed: {cause.error.line()}\n"
+                f"the HorovodRunner agent{of_rank} {cause.where} failed: {cause.error.line()}\n"
                 f"--- the agent's traceback ---\n{cause.error.traceback.rstrip()}"
             )
             if before_start:

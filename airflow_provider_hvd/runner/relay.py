@@ -39,6 +39,7 @@ class OutputSplitter:
         self._max = max_line_bytes
         self._buf = bytearray()
         self._skip_lf = False  # the last line ended with \r: a \n right after it belongs to that line
+        self._cut_by_marker = False  # the last line was text a marker interrupted: its end may follow alone
 
     def feed(self, data: bytes) -> list[Piece]:
         self._buf += data
@@ -58,7 +59,9 @@ class OutputSplitter:
         return pieces
 
     def _emit(self, pieces: list[Piece], end: int, skip: int) -> None:
-        pieces.append(self._buf[:end].decode("utf-8", "replace"))
+        if end > 0 or not (self._cut_by_marker or self._buf[:1] == b"\r"):  # no empty line for a bare \r
+            pieces.append(self._buf[:end].decode("utf-8", "replace"))
+        self._cut_by_marker = False
         del self._buf[: end + skip]
 
     def _next(self, pieces: list[Piece], final: bool) -> bool:
@@ -74,6 +77,7 @@ class OutputSplitter:
         line_end = min((i for i in (newline, ret) if i >= 0), default=-1)
         if mark > 0 and (line_end < 0 or mark < line_end):  # text another writer left unfinished
             self._emit(pieces, mark, 0)
+            self._cut_by_marker = True
             return True
         if mark == 0:
             seq_end = buf.find(b"\n", len(self._marker))
@@ -83,10 +87,10 @@ class OutputSplitter:
             if seq_end >= 0 and digits.isdigit() and len(digits) <= _MAX_SEQ_DIGITS:
                 pieces.append(int(digits))
                 del buf[: seq_end + 1]
-                return True
+                return True  # (a line the marker cut stays cut: its end may follow alone)
             # not a marker after all: plain text
         if 0 <= line_end <= self._max:
-            self._skip_lf = buf[line_end] == 0x0D
+            self._skip_lf = buf[line_end] == 0x0D and line_end > 0
             self._emit(pieces, line_end, 1)
             return True
         if len(buf) > self._max:

@@ -1,0 +1,217 @@
+"""Nothing hangs, leaks or goes unseen: runs that return with work left behind, many runs, runs side by side."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airflow_provider_hvd import HorovodRunner, RankFailedError
+from airflow_provider_hvd.runner import rank_env, rendezvous
+from airflow_provider_hvd.runner.channel import MAX_PENDING_HANDSHAKES
+from airflow_provider_hvd.runner.spark_launch import is_local
+from jobs import allreduce_sum, assert_all_gone
+
+TESTS = Path(__file__).resolve().parent
+
+
+def return_with_a_thread_running() -> str:
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: Python would wait for it
+    return "returned"
+
+
+def return_with_a_child_holding_stdout(path: str) -> str:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    open(path, "a").write(f"{child.pid}\n")
+    return "returned"
+
+
+def test_a_thread_left_running_does_not_hold_the_run():
+    started = time.monotonic()
+    assert HorovodRunner(np=-2).run(return_with_a_thread_running) == "returned"
+    assert time.monotonic() - started < 20
+
+
+def test_a_child_holding_the_output_open_does_not_hold_the_run(tmp_path):
+    pids = tmp_path / "children"
+    started = time.monotonic()
+    assert HorovodRunner(np=-2).run(return_with_a_child_holding_stdout, path=str(pids)) == "returned"
+    assert time.monotonic() - started < 20
+    assert_all_gone([int(pid) for pid in pids.read_text().split()], within=5)
+
+
+def trivial() -> int:
+    return 1
+
+
+def resources() -> tuple[set[str], int, int]:
+    me = psutil.Process()
+    return {t.name for t in threading.enumerate()}, threading.active_count(), len(me.net_connections("all"))
+
+
+def test_twenty_runs_leave_no_thread_socket_or_process():
+    HorovodRunner(np=-2).run(trivial)  # imports and lazily created pools are there from the first run on
+    threads_before, count_before, sockets_before = resources()
+    for _ in range(20):
+        assert HorovodRunner(np=-2).run(trivial) == 1
+    threads_after, count_after, sockets_after = resources()
+    assert (count_after, sockets_after) == (count_before, sockets_before), (threads_after - threads_before)
+    assert not psutil.Process().children(recursive=True)
+
+
+def test_two_runs_at_once_in_one_process():
+    results: dict[int, object] = {}
+
+    def run(base: float) -> None:
+        try:
+            results[int(base)] = HorovodRunner(np=-2).run(allreduce_sum, base=base)
+        except Exception as exc:  # noqa: BLE001
+            results[int(base)] = exc
+
+    threads = [threading.Thread(target=run, args=(float(base),)) for base in (10, 20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {
+        10: {"rank": 0, "size": 2, "local_size": 2, "sum": 23.0},
+        20: {"rank": 0, "size": 2, "local_size": 2, "sum": 43.0},
+    }
+
+
+SCRIPT = """
+import logging, sys, threading, time
+sys.path.insert(0, {tests!r})
+logging.basicConfig()  # the root logger at WARNING, as in most scripts and notebooks
+from airflow_provider_hvd import HorovodRunner
+
+def early():
+    from airflow_provider_hvd import log_to_driver
+    print("early print")
+    log_to_driver("early message")
+
+def late():
+    import time
+    time.sleep(3)
+    print("late print")
+
+threads = [threading.Thread(target=HorovodRunner(np=-1).run, args=(f,)) for f in (early, late)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+def test_relayed_lines_show_under_basic_logging_config_with_two_runs_at_once():
+    """sparkdl prints them; a run that ends first must not hide the other's."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(tests=str(TESTS))], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[rank 0] early print" in proc.stderr
+    assert "[rank 0] early message" in proc.stderr
+    assert "[rank 0] late print" in proc.stderr
+
+
+def failing_agent_environment(*args, **kwargs):
+    raise RuntimeError("no network interface holds 10.1.2.3, the address this host uses to reach the driver")
+
+
+def test_an_agents_own_failure_reaches_the_driver(monkeypatch):
+    monkeypatch.setattr(rank_env, "interface_of", failing_agent_environment)  # local agents run in this process
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=-2).run(trivial)
+    assert "the HorovodRunner agent of rank" in str(info.value)
+    assert "failed: RuntimeError: no network interface holds 10.1.2.3" in str(info.value)
+    assert "--- the agent's traceback ---" in str(info.value)
+
+
+def slow_trivial(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return 1
+
+
+def test_many_silent_connections_hold_no_thread_for_long(caplog):
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("v", HorovodRunner(np=-2).run(slow_trivial, seconds=3)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while "ranks started" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the agents' threads are up
+    host, port = caplog.text.split("driver channel on ")[1].split()[0].split(":")
+    threads_before = threading.active_count()
+    silent = [socket.create_connection((host, int(port))) for _ in range(3 * MAX_PENDING_HANDSHAKES)]
+    time.sleep(0.5)
+    assert threading.active_count() <= threads_before + MAX_PENDING_HANDSHAKES
+    thread.join(60)
+    for sock in silent:
+        sock.close()
+    assert outcome["v"] == 1
+    assert "too many unproven connections" in caplog.text
+
+
+def put(address: tuple[str, int], body: bytes, source: str = "127.0.0.1") -> int:
+    sock = socket.create_connection(address, source_address=(source, 0))
+    try:
+        sock.sendall(b"PUT /global/key HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        reply = sock.recv(200)
+        return int(reply.split()[1]) if reply else 0
+    finally:
+        sock.close()
+
+
+def test_the_rendezvous_serves_only_this_runs_hosts_within_bounds(monkeypatch):
+    monkeypatch.setattr(rendezvous, "REQUEST_TIMEOUT_S", 1.0)
+    server = rendezvous.Rendezvous("127.0.0.1")
+    server.init(rendezvous.plan_ranks(["127.0.0.1"]), hosts=["127.0.0.1"])
+    address = ("127.0.0.1", server.port)
+    try:
+        assert put(address, b"value") == 200
+        assert put(address, b"value", source="127.0.0.2") == 0  # not a host of this run: closed unanswered
+        assert put(address, b"x" * (rendezvous.MAX_BODY_BYTES + 1)) == 413
+        slow = socket.create_connection(address)
+        slow.sendall(b"PUT /global/key HTTP/1.1\r\n")  # and then nothing
+        slow.settimeout(10)
+        started = time.monotonic()
+        assert slow.recv(100) == b""
+        assert time.monotonic() - started < 5
+        slow.close()
+    finally:
+        server.stop()
+
+
+def test_log_callback_shows_metrics_that_are_not_scalars(capsys):
+    import numpy as np
+
+    from airflow_provider_hvd.horovod.keras import LogCallback
+
+    callback = LogCallback()
+    callback.set_params({"epochs": 2})
+    callback.on_epoch_end(0, {"loss": 0.25, "confusion": np.array([[3, 1], [0, 4]]), "tag": "best"})
+    assert capsys.readouterr().out == "epoch 1/2 end: loss=0.25 confusion=[[3, 1], [0, 4]] tag=best\n"
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [("local", True), ("local[4]", True), ("local[*]", True), ("local[4,2]", True), ("local[*,3]", True),
+     ("local-cluster[2,1,1024]", False), ("localhost", False), ("spark://local:7077", False), ("yarn", False)],
+)
+def test_which_masters_are_local(master, local):
+    assert is_local(master) is local
