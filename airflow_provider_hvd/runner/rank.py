@@ -17,6 +17,7 @@ import traceback
 import cloudpickle
 
 from .control import AGENT_PID_ENV, CONTROL_FD_ENV, write_all
+from .payload import check_fits_frame
 from .wire import FrameStream, Kind
 
 _PR_SET_PDEATHSIG = 1
@@ -42,12 +43,14 @@ def _error_report(exc: BaseException) -> bytes:
 
 def _pickle_result(value: object) -> bytes:
     try:
-        return cloudpickle.dumps(value)
+        data = cloudpickle.dumps(value)
     except Exception as exc:
         raise TypeError(
             f"rank 0's return value, a {type(value).__qualname__}, cannot be pickled to travel to the driver "
             f"({exc}); return plain data, or save the object and return its path"
         ) from exc
+    check_fits_frame(len(data), "rank 0's return value", "save it where the driver can read it and return its path")
+    return data
 
 
 def main() -> int:
