@@ -1,8 +1,15 @@
-"""Pickling the job once, with the user's own modules by value so that ranks need not import them."""
+"""Pickling the job once, with the user's own modules by value so that ranks need not import them.
+
+Before anything starts, the job's size is logged, a large job is warned about with its largest parts, and
+a job that cannot be pickled, or that no frame of the driver channel can carry, is refused with where the
+problem sits and what to do instead.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import site
 import sys
 import sysconfig
@@ -14,6 +21,23 @@ from typing import Any
 
 import cloudpickle
 
+from . import wire
+from .pickling_report import (
+    find_unpicklable,
+    format_path,
+    format_size,
+    job_roots,
+    largest_parts,
+    pickled_size,
+    type_name,
+)
+
+log = logging.getLogger("airflow_provider_hvd.runner")
+
+WARN_BYTES = 10_000_000  # sparkdl's threshold too
+MAX_FRAME_ENV = "HVD_RUNNER_MAX_FRAME_BYTES"  # lowers the frame limit (tests), in the driver and in the ranks
+_FRAME_LENGTH_MAX = 0xFFFF_FFFF  # a frame header's length field is a 4-byte unsigned int
+_INSTEAD = "load large data inside main (from a file or a table) or pass its path, instead of capturing or passing it"
 # cloudpickle's by-value registry is global: runs pickling at once in one process take turns
 _BY_VALUE_LOCK = threading.Lock()
 
@@ -50,13 +74,78 @@ def _by_value(modules: Sequence[ModuleType]) -> Iterator[None]:
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def dumps_job(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> bytes:
+def max_frame_bytes() -> int:
+    """The largest frame the driver channel carries: ``wire.MAX_FRAME_BYTES``, or less if the environment
+    variable ``HVD_RUNNER_MAX_FRAME_BYTES`` says so (tests set it; local runs' rank processes inherit it)."""
+    limit = min(wire.MAX_FRAME_BYTES, _FRAME_LENGTH_MAX)
+    lowered = os.environ.get(MAX_FRAME_ENV)
+    return min(limit, int(lowered)) if lowered else limit
+
+
+def check_fits_frame(size: int, what: str, advice: str) -> None:
+    """``ValueError`` when ``size`` bytes of ``what`` cannot travel in one frame of the driver channel."""
+    limit = max_frame_bytes()
+    if size > limit:
+        raise ValueError(
+            f"{what} pickles to {format_size(size)}, more than the {format_size(limit)} the driver channel "
+            f"carries in one frame; {advice}"
+        )
+
+
+def _unpicklable_error(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], exc: Exception
+) -> TypeError:
+    found = find_unpicklable(job_roots(fn, args, kwargs))
+    if found is None:
+        return TypeError(f"main and its arguments cannot be pickled to travel to the ranks: {exc}")
+    path, culprit = found
+    return TypeError(
+        f"{format_path(path)} is a {type_name(culprit)}, which cannot be pickled to travel to the ranks "
+        f"({type(exc).__name__}: {exc}); create it inside main, or pass what is needed to build it there "
+        "(a path, a URL, settings)"
+    )
+
+
+def _check_size(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], size: int, warn_bytes: int
+) -> None:
+    main_size = pickled_size(fn)
+    log.info(
+        "HorovodRunner: the pickled job is %s: main (%s) %s, its arguments %s",
+        format_size(size), getattr(fn, "__qualname__", type_name(fn)), format_size(main_size),
+        format_size(max(size - main_size, 0)),
+    )
+    if size <= warn_bytes and size <= max_frame_bytes():
+        return
+    largest = largest_parts(job_roots(fn, args, kwargs))
+    largest = largest[:1] + [(path, n) for path, n in largest[1:] if n * 100 >= size]  # not the crumbs
+    parts = "; ".join(f"{path}: {format_size(n)}" for path, n in largest)
+    check_fits_frame(size, "the job (main and its arguments)", f"{_INSTEAD}. Largest parts: {parts}")
+    log.warning(
+        "HorovodRunner: the pickled job is %s (over %s): it is sent to every rank before it starts, which "
+        "slows the start. Largest parts: %s. To make it smaller, %s",
+        format_size(size), format_size(warn_bytes), parts, _INSTEAD,
+    )
+
+
+def dumps_job(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], *, warn_bytes: int = WARN_BYTES
+) -> bytes:
     """Pickle ``(fn, args, kwargs)``; ``fn``'s module goes by value unless it is installed.
 
     Notebooks, scripts, test files and Airflow DAG files (imported under names that executors cannot
-    import) are thus shipped with the job; installed packages are imported by the ranks.
+    import) are thus shipped with the job; installed packages are imported by the ranks. Logs the sizes
+    (a warning naming the largest parts above ``warn_bytes``); raises ``TypeError`` naming where an
+    unpicklable object sits, ``ValueError`` for a job larger than a frame of the driver channel.
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     by_value = [module] if module is not None and not is_installed(module) else []
     with _BY_VALUE_LOCK, _by_value(by_value):
-        return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        try:
+            payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise _unpicklable_error(fn, args, kwargs, exc) from exc
+        _check_size(fn, args, kwargs, len(payload), warn_bytes)  # sizes parts under the same registration
+    return payload

@@ -18,6 +18,7 @@ import cloudpickle
 
 from .control import CONTROL_FD_ENV, RANK_PID_ENV, control_pipe
 from .messages import RankError, RemoteError, Result
+from .payload import check_fits_frame
 
 PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -33,12 +34,14 @@ def _die_with_parent() -> None:
 
 def _pickle_result(value: object) -> bytes:
     try:
-        return cloudpickle.dumps(value)
+        data = cloudpickle.dumps(value)
     except Exception as exc:
         raise TypeError(
             f"rank 0's return value, a {type(value).__qualname__}, cannot be pickled to travel to the driver "
             f"({exc}); return plain data, or save the object and return its path"
         ) from exc
+    check_fits_frame(len(data), "rank 0's return value", "save it where the driver can read it and return its path")
+    return data
 
 
 def _run(rank: int) -> int:

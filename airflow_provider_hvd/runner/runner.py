@@ -13,7 +13,7 @@ from typing import Any
 
 from .channel import rank_log
 from .local_launch import LocalLauncher
-from .payload import dumps_job
+from .payload import WARN_BYTES, dumps_job
 from .spark_launch import SparkLauncher, active_session
 from .supervisor import Launcher, Supervisor
 
@@ -69,6 +69,8 @@ class HorovodRunner:
     """
 
     start_timeout_s: float = 120.0
+    #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
+    payload_warning_bytes: int = WARN_BYTES
 
     def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
         if isinstance(np, bool) or not isinstance(np, int):
@@ -98,7 +100,7 @@ class HorovodRunner:
             raise TypeError(f"the arguments do not fit {getattr(main, '__name__', main)!r}: {exc}") from None
         except ValueError:
             pass  # no signature to check (some builtins)
-        payload = dumps_job(main, args, kwargs)
+        payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes)
         launcher: Launcher
         if self.num_processor < 0:
             launcher = LocalLauncher(-self.num_processor)
