@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from .wire import FrameStream, Kind
 
@@ -113,15 +113,19 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
-class AgentFailed(Message):
-    """The agent itself failed (not its rank): its exception."""
-
-    KIND: ClassVar[Kind] = Kind.AGENT_FAILED
+class _ErrorReport(Message):
     error: RemoteError
 
     @classmethod
     def decode(cls, data: bytes) -> Message:
         return cls(RemoteError(**json.loads(data)["error"]))
+
+
+@dataclass(frozen=True)
+class AgentFailed(_ErrorReport):
+    """The agent itself failed (not its rank): its exception."""
+
+    KIND: ClassVar[Kind] = Kind.AGENT_FAILED
 
 
 # driver -> agent
@@ -154,13 +158,10 @@ class Abort(Message):
 
 
 @dataclass(frozen=True)
-class RankError(Message):
-    KIND: ClassVar[Kind] = Kind.ERROR
-    error: RemoteError
+class RankError(_ErrorReport):
+    """The rank's ``main`` raised: its exception."""
 
-    @classmethod
-    def decode(cls, data: bytes) -> Message:
-        return cls(RemoteError(**json.loads(data)["error"]))
+    KIND: ClassVar[Kind] = Kind.ERROR
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,3 @@ def receive(stream: FrameStream) -> Message:
     """The next message; :class:`~.wire.ConnectionClosed` at the end of the stream."""
     kind, data = stream.recv()
     return _BY_KIND[kind].decode(data)
-
-
-def to_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
