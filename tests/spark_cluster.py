@@ -23,13 +23,29 @@ def free_port() -> int:
 
 
 class StandaloneCluster:
-    def __init__(self, workdir: Path, workers: int = 2, cores: int = 1) -> None:
+    """``workers`` workers of ``cores`` cores; with ``gpus`` > 0, each has that many made-up GPUs, numbered on
+    from the previous worker's (worker 0: "0", "1"; worker 1: "2", "3"), which Spark schedules as real ones."""
+
+    def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, gpus: int = 0) -> None:
         self.workdir = workdir
         self.spark_home = Path(pyspark.__file__).parent
         self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://{LOOPBACK}:{self.port}"
         self._procs: list[subprocess.Popen] = []
-        self._workers, self._cores = workers, cores
+        self._workers, self._cores, self._gpus = workers, cores, gpus
+
+    def _gpu_properties(self, worker: int) -> list[str]:
+        if not self._gpus:
+            return []
+        addresses = [str(worker * self._gpus + i) for i in range(self._gpus)]
+        script = self.workdir / f"gpus-{worker}.sh"
+        script.write_text(f"#!/bin/sh\necho '{json.dumps({'name': 'gpu', 'addresses': addresses})}'\n")
+        script.chmod(0o755)
+        properties = self.workdir / f"worker-{worker}.properties"
+        properties.write_text(
+            f"spark.worker.resource.gpu.amount {self._gpus}\nspark.worker.resource.gpu.discoveryScript {script}\n"
+        )
+        return ["--properties-file", str(properties)]
 
     def _spawn(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")
@@ -56,7 +72,7 @@ class StandaloneCluster:
             work.mkdir(parents=True, exist_ok=True)
             self._spawn(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", self.url,
                         "--host", LOOPBACK, "--cores", str(self._cores), "--memory", "2g",
-                        "--webui-port", str(free_port()), "--work-dir", str(work))
+                        "--webui-port", str(free_port()), "--work-dir", str(work), *self._gpu_properties(i))
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self._workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):

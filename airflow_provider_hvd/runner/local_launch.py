@@ -6,6 +6,9 @@ import os
 import threading
 
 from .agent import AgentArgs, run_agent
+from .errors import LaunchError
+from .gpus import GPU, host_gpus
+from .messages import Hello
 from .outcome import LaunchFailed
 
 LOOPBACK = "127.0.0.1"
@@ -18,6 +21,7 @@ class LocalLauncher:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.gpus, self._gpus_from = host_gpus()
         self._threads: list[threading.Thread] = []
         self._failure: BaseException | None = None
 
@@ -25,22 +29,29 @@ class LocalLauncher:
         return f"{self.size} processes on this host"
 
     def check_slots(self) -> None:
-        """Local runs may oversubscribe the host's cores, as sparkdl's do."""
+        """One GPU per rank on a host with GPUs; the cores may be oversubscribed, as sparkdl's are."""
+        if self.gpus and self.size > len(self.gpus):
+            raise LaunchError(
+                f"HorovodRunner(np=-{self.size}) runs {self.size} ranks on this host, one GPU each, but it has "
+                f"{len(self.gpus)} GPU(s) ({self._gpus_from}). Use np=-{len(self.gpus)} or fewer, or a Spark "
+                "cluster (np>0)."
+            )
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(
             host, port, secret, relay_output=True, echo_output=False, keep_omp_threads="OMP_NUM_THREADS" in os.environ
         )
 
-    def _agent(self, args: AgentArgs) -> None:
+    def _agent(self, args: AgentArgs, index: int) -> None:
+        gpus = {GPU: [self.gpus[index]]} if self.gpus else {}
         try:
-            run_agent(args)
+            run_agent(args, Hello(host="", pid=os.getpid(), partition=index, resources=gpus))
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = self._failure or exc
 
     def start(self, args: AgentArgs) -> None:
         self._threads = [
-            threading.Thread(target=self._agent, args=(args,), name=f"hvd-local-agent-{i}", daemon=True)
+            threading.Thread(target=self._agent, args=(args, i), name=f"hvd-local-agent-{i}", daemon=True)
             for i in range(self.size)
         ]
         for thread in self._threads:

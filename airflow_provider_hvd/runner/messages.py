@@ -67,8 +67,8 @@ class Hello(Message):
     KIND: ClassVar[Kind] = Kind.HELLO
     host: str
     pid: int
-    executor: str | None = None  # Spark only: the executor id, its partition and attempt
-    partition: int | None = None
+    partition: int | None = None  # the agent's place in its launch (Spark: its task's partition); ranks follow it
+    executor: str | None = None  # Spark only: the executor's address and the task's attempt
     attempt: int | None = None
     cpus: int | None = None  # the cores Spark gave the task
     resources: dict[str, list[str]] = field(default_factory=dict)  # Spark's task resources (gpu -> addresses)
@@ -139,6 +139,7 @@ class Start(Message):
     rank: int
     horovod_env: dict[str, str]  # what makes hvd.init() join this run, and the driver's forwarded HOROVOD_* settings
     local_size: int
+    gpus: list[str] | None = None  # the GPUs the rank sees, in order (None: it was given none)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ On top of the agent's own environment (the executor's, with ``spark.executorEnv.
 local runs): the driver's own ``HOROVOD_*`` settings (``HOROVOD_TIMELINE``, ``HOROVOD_FUSION_THRESHOLD``,
 ``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :data:`RUNNER_SET`), then the
 rank's Horovod slot, the Gloo interface that reaches the driver, and ``OMP_NUM_THREADS`` from the cores the
-rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly.
+rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly,
+and the GPUs it sees (:mod:`.gpus`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 
 import psutil
 
+from .gpus import gpu_env
 from .messages import Hello, Start
 
 # what HorovodRunner sets for each rank; the driver's own values of these are not forwarded
@@ -55,7 +57,10 @@ def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_o
     ``keep_omp_threads``: ``OMP_NUM_THREADS`` in ``base`` was set explicitly (``spark.executorEnv``, or the
     driver's environment for local runs), so it stays; else it is computed.
     """
-    env = {**base, **start.horovod_env, "HOROVOD_GLOO_IFACE": interface_of(hello.host), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **base, **start.horovod_env, **gpu_env(start.gpus),
+        "HOROVOD_GLOO_IFACE": interface_of(hello.host), "PYTHONUNBUFFERED": "1",
+    }
     if not (keep_omp_threads and "OMP_NUM_THREADS" in base):
         env["OMP_NUM_THREADS"] = str(omp_threads(hello, start.local_size))
     return env

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import cloudpickle
+from horovod.runner.common.util.hosts import SlotInfo
 
 from .agent import AgentArgs
 from .channel import AgentConnection, ChannelEvent, DriverChannel
@@ -27,6 +28,7 @@ from .outcome import (
     RunOutcome,
     StartTimedOut,
 )
+from .gpus import GPU, visible_gpus
 from .rank_env import forwarded_settings
 from .rendezvous import Rendezvous, plan_ranks, slot_env
 from .wire import new_secret
@@ -156,20 +158,34 @@ class Supervisor:
             self._record(AgentFailed(conn.rank, where, message.error))
         else:
             hello = conn.hello
-            task = (hello.partition, hello.attempt) if hello and hello.partition is not None else None
+            task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
             self._record(AgentLost(conn.rank, where, event.lost, task))  # type: ignore[arg-type]
 
     def _start_ranks(self) -> None:
+        self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]
         hosts = [conn.hello.host for conn in self._agents]  # type: ignore[union-attr]
         plan = plan_ranks(hosts)
         self._rendezvous = Rendezvous(self.launcher.driver_host)
         self._rendezvous.init(plan, hosts)
         settings = forwarded_settings(os.environ)
-        for conn, slot in zip(self._agents, plan):
-            start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous)}, slot.local_size)
+        gpus = self._visible_gpus(plan)
+        for conn, slot, seen in zip(self._agents, plan, gpus):
+            start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous)}, slot.local_size, seen)
             try:
                 conn.start(start, self._payload)
             except OSError:
                 pass  # it is gone: its connection's end is on its way as an event
         self._outcome.started()
         log.info("HorovodRunner: %d ranks started (%s)", self.size, self.launcher.describe())
+
+    def _visible_gpus(self, plan: list[SlotInfo]) -> list[list[str] | None]:
+        """The GPUs each agent's rank sees, from those given to the ranks on its host (:mod:`.gpus`)."""
+        by_host: dict[str, list[int]] = {}
+        for agent, slot in sorted(enumerate(plan), key=lambda pair: pair[1].local_rank):
+            by_host.setdefault(slot.hostname, []).append(agent)
+        seen: list[list[str] | None] = [None] * len(plan)
+        for agents in by_host.values():
+            own = [self._agents[agent].hello.resources.get(GPU, []) for agent in agents]  # type: ignore[union-attr]
+            for agent, gpus in zip(agents, visible_gpus(own)):
+                seen[agent] = gpus
+        return seen

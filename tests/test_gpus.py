@@ -1,0 +1,112 @@
+"""GPU clusters without a GPU: Spark schedules made-up GPUs exactly like real ones, and ranks see theirs.
+
+A real GPU run is `scripts/gpu_check.sh` (it needs a GPU machine).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_hvd import HorovodRunner, LaunchError
+from airflow_provider_hvd.runner.gpus import host_gpus, visible_gpus
+from conftest import make_session
+from spark_cluster import StandaloneCluster
+
+
+@pytest.mark.parametrize(
+    ("own", "seen"),
+    [
+        ([["0"], ["1"]], [["0", "1"], ["0", "1"]]),  # one each: all of the host's, in local-rank order
+        ([["3"], ["1"], ["2"]], [["3", "1", "2"]] * 3),
+        ([["0", "1"], ["2", "3"]], [["0", "1"], ["2", "3"]]),  # several each: its own only
+        ([["0"], ["0"]], [["0"], ["0"]]),  # shared (a fractional amount per task): its own only
+        ([[], []], [None, None]),  # none asked for: nothing changes
+    ],
+)
+def test_what_each_rank_sees(own, seen):
+    assert visible_gpus(own) == seen
+
+
+def fake_nvidia_smi(directory: Path, gpus: int) -> str:
+    script = directory / "nvidia-smi"
+    lines = "\\n".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d}-fake)" for i in range(gpus))
+    script.write_text(f'#!/bin/sh\n[ "$1" = "-L" ] && printf "{lines}\\n"\n')
+    script.chmod(0o755)
+    return str(directory)
+
+
+def test_the_hosts_gpus(tmp_path):
+    assert host_gpus({"CUDA_VISIBLE_DEVICES": "3,5"}) == (["3", "5"], "CUDA_VISIBLE_DEVICES='3,5'")
+    assert host_gpus({"CUDA_VISIBLE_DEVICES": ""})[0] == []
+    assert host_gpus({"PATH": fake_nvidia_smi(tmp_path, 4)}) == (["0", "1", "2", "3"], "nvidia-smi -L")
+    assert host_gpus({"PATH": str(tmp_path / "nothing-here")})[0] == []
+
+
+def cuda_view() -> dict:
+    import horovod.torch as hvd
+
+    hvd.init()
+    return {
+        "visible": hvd.allgather_object(os.environ.get("CUDA_VISIBLE_DEVICES")),
+        "order": hvd.allgather_object(os.environ.get("CUDA_DEVICE_ORDER")),
+        "local_rank": hvd.allgather_object(hvd.local_rank()),
+        "executor_dir": hvd.allgather_object(os.getcwd()),
+    }
+
+
+def own_gpus(view: dict) -> list[str]:
+    return [visible.split(",")[local] for visible, local in zip(view["visible"], view["local_rank"])]
+
+
+def test_local_ranks_each_get_a_gpu_of_the_host(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path, 2))
+    view = HorovodRunner(np=-2).run(cuda_view)
+    assert view["visible"] == ["0,1", "0,1"] and view["order"] == ["PCI_BUS_ID"] * 2
+    assert sorted(own_gpus(view)) == ["0", "1"]
+    with pytest.raises(LaunchError, match=r"runs 3 ranks on this host, one GPU each, but it has 2 GPU\(s\) \(nvidia-smi -L\)"):
+        HorovodRunner(np=-3).run(cuda_view)
+
+
+def test_local_ranks_follow_the_drivers_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    view = HorovodRunner(np=-2).run(cuda_view)
+    assert view["visible"] == ["3,5", "3,5"] and sorted(own_gpus(view)) == ["3", "5"]
+
+
+def test_a_host_without_gpus_runs_on_the_cpu_as_before(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    view = HorovodRunner(np=-2).run(cuda_view)
+    assert view["visible"] == [None, None] and view["order"] == [None, None]
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster(tmp_path_factory):
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-gpus"), workers=2, cores=2, gpus=2).start()
+    yield cluster
+    cluster.stop()
+
+
+def test_spark_ranks_see_the_gpus_spark_gave_their_tasks(gpu_cluster):
+    spark = make_session(gpu_cluster.url, **{
+        "spark.executor.cores": "2", "spark.cores.max": "4",
+        "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "1",
+    })
+    try:
+        view = HorovodRunner(np=4).run(cuda_view)
+    finally:
+        spark.stop()
+    assert view["order"] == ["PCI_BUS_ID"] * 4
+    # all four ranks share this host (127.0.0.1): each sees the host's four GPUs, ordered by local rank ...
+    assert len(set(view["visible"])) == 1 and sorted(view["visible"][0].split(",")) == ["0", "1", "2", "3"]
+    assert sorted(view["local_rank"]) == [0, 1, 2, 3]
+    # ... and its own (the one at its local rank) is one that Spark gave its task, on its own worker
+    worker_gpus = {"worker-0": {"0", "1"}, "worker-1": {"2", "3"}}
+    for gpu, executor_dir in zip(own_gpus(view), view["executor_dir"]):
+        worker = next(part for part in Path(executor_dir).parts if part.startswith("worker-"))
+        assert gpu in worker_gpus[worker], (gpu, executor_dir)
+    assert sorted(own_gpus(view)) == ["0", "1", "2", "3"]
