@@ -12,6 +12,7 @@ from typing import Any
 from .channel import rank_log
 from .local_launch import LocalLauncher
 from .payload import dumps_job
+from .slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .spark_launch import SparkLauncher, active_session
 from .supervisor import Launcher, Supervisor
 
@@ -49,16 +50,21 @@ class HorovodRunner:
     :param driver_log_verbosity: for ``np > 0``: ``"all"`` relays every rank's stdout and stderr to the
         driver's log; ``"log_callback_only"`` (default) relays only :func:`log_to_driver` messages and
         ``LogCallback`` lines, the rest staying in the executors' stderr.
+    :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
+        busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once).
     """
 
     start_timeout_s: float = 120.0
 
-    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
+    def __init__(
+        self, *, np: int, driver_log_verbosity: str = "log_callback_only", slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S
+    ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
         check_verbosity(driver_log_verbosity)
+        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self._cancelled = False
@@ -86,7 +92,9 @@ class HorovodRunner:
         if self.num_processor < 0:
             launcher = LocalLauncher(-self.num_processor)
         else:
-            launcher = SparkLauncher(active_session(), self.num_processor)
+            launcher = SparkLauncher(
+                active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: self._cancelled
+            )
         launcher.check_slots()
         with _rank_logs_visible():
             return Supervisor(
