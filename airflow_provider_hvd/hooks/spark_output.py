@@ -4,16 +4,18 @@ Left alone, the JVM writes to the task's stderr, which Airflow records as errors
 Spark's start-up notices as ERROR lines. Here the JVM is started with its output piped, and each line is
 logged under the ``spark`` logger: log4j's lines at their own level (``WARN`` as a warning) under
 ``spark.<log4j logger>``, the JVM's ``WARNING:`` notices as warnings, the rest (Spark's start-up banner, the
-output of executors that run in the driver's JVM on a local master) as info.
+output of executors that run in the driver's JVM on a local master) as info, an uncaught JVM exception as
+an error.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
-import subprocess
 import threading
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,21 +49,45 @@ def classify(lines: Iterable[str]) -> Iterable[tuple[str, int, str]]:
             yield (*last, match.group(3))
         elif last is not None and _CONTINUATION.match(line):
             yield (*last, line)
+        elif line.startswith("Exception in thread "):  # the JVM's last words
+            last = (LOGGER, logging.ERROR)
+            yield (*last, line)
         else:
             last = None
             yield LOGGER, logging.WARNING if line.startswith("WARNING: ") else logging.INFO, line
 
 
-def _relay(stream: Iterable[bytes]) -> None:
-    lines = (raw.decode("utf-8", errors="replace") for raw in stream)
-    for name, level, message in classify(lines):
-        logging.getLogger(name).log(level, "%s", message)
+class _Relay(threading.Thread):
+    """Logs what the JVM writes to a pipe, keeping the last lines to explain a JVM that did not start."""
+
+    def __init__(self, read_fd: int) -> None:
+        super().__init__(name="spark-output", daemon=True)
+        self._read_fd = read_fd
+        self.last_lines: deque[str] = deque(maxlen=50)
+
+    def _lines(self) -> Iterator[str]:
+        with open(self._read_fd, "rb") as stream:
+            for raw in stream:
+                line = raw.decode("utf-8", errors="replace")
+                self.last_lines.append(line.strip())
+                yield line
+
+    def run(self) -> None:
+        for name, level, message in classify(self._lines()):
+            logging.getLogger(name).log(level, "%s", message)
+
+    def reason(self) -> str:
+        """Why the JVM exited, in its own words: its last exception or error line."""
+        lines = [line for line in self.last_lines if line and not line.startswith("at ")]
+        said = next((line for line in reversed(lines) if re.search(r"Exception|Error", line)), lines[-1] if lines else "")
+        return said.removeprefix('Exception in thread "main" ')
 
 
 def launch_logged_gateway(conf: SparkConf) -> None:
     """Start pyspark's JVM gateway with ``conf``, its output relayed to ``logging``; no-op if one is running.
 
     Called before the SparkSession is built: pyspark starts one gateway per process and reuses it.
+    Raises RuntimeError with the JVM's own reason when it exits before the gateway is up.
     """
     from pyspark import SparkContext
     from pyspark.java_gateway import launch_gateway
@@ -69,6 +95,14 @@ def launch_logged_gateway(conf: SparkConf) -> None:
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT})
+        read_fd, write_fd = os.pipe()
+        relay = _Relay(read_fd)
+        relay.start()  # read from the start: a JVM with much to say would block on a full pipe
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": write_fd, "stderr": write_fd})
+        except Exception as exc:
+            os.close(write_fd)
+            relay.join(timeout=5)  # the JVM is gone: its last lines are in
+            raise RuntimeError(f"the Spark driver's JVM exited: {relay.reason() or exc}") from exc
+        os.close(write_fd)  # the JVM holds its own copy; the relay ends when the JVM does
         SparkContext._ensure_initialized(gateway=gateway)
-    threading.Thread(target=_relay, args=(gateway.proc.stdout,), name="spark-output", daemon=True).start()
