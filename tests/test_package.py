@@ -20,10 +20,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-        check=True, capture_output=True,
-    )
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip_wheel, "-w", str(out), str(ROOT)], check=True, capture_output=True)
     return zipfile.ZipFile(next(out.glob("airflow_provider_hvd-*.whl")))
 
 

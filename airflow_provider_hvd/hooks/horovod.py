@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway
+from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError
 from airflow_provider_hvd.runner.slots import DEFAULT_SLOT_WAIT_S, standalone_masters
@@ -18,6 +18,7 @@ from airflow_provider_hvd.runner.spark_launch import default_executor_python
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
+    from py4j.java_gateway import JavaGateway
     from pyspark.sql import SparkSession
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
@@ -93,6 +94,7 @@ class HorovodHook(BaseHook):
         self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
         self.app_name = app_name
         self._runner: HorovodRunner | None = None
+        self._gateway: JavaGateway | None = None  # the JVM this hook started, if it did
         self.ui_url: str | None = None
         self.history_server: str | None = None
 
@@ -112,7 +114,10 @@ class HorovodHook(BaseHook):
         return master, {**conf, **self.spark_conf}
 
     def get_conn(self) -> SparkSession:
-        """The SparkSession on the connection's master (the running one if it already matches)."""
+        """The SparkSession on the connection's master (the running one if it already matches).
+
+        Stop it, then call :meth:`stop`, to end the JVM the hook may have started for it.
+        """
         return self._session()[0]
 
     def _check_master(self, master: str) -> None:
@@ -151,14 +156,18 @@ class HorovodHook(BaseHook):
             default_executor_python(master)
         conf = {"spark.ui.showConsoleProgress": "false", **conf}  # a progress bar is noise in a task log
         try:
-            launch_logged_gateway(SparkConf().setMaster(master).setAppName(self.app_name).setAll(conf.items()))
+            self._gateway = launch_logged_gateway(
+                SparkConf().setMaster(master).setAppName(self.app_name).setAll(conf.items())
+            )
             builder = SparkSession.builder.master(master).appName(self.app_name)
             for key, value in conf.items():
                 builder = builder.config(key, value)
             return builder.getOrCreate(), True
         except Exception as exc:  # noqa: BLE001 - one sentence instead of py4j's JVM stack trace
+            reason = _first_line(exc)  # asks the JVM: before it is stopped
+            self.stop()
             raise LaunchError(
-                f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {_first_line(exc)}"
+                f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {reason}"
             ) from None
 
     def run(
@@ -191,6 +200,13 @@ class HorovodHook(BaseHook):
         finally:
             if owned:
                 spark.stop()
+                self.stop()
+
+    def stop(self) -> None:
+        """End the Spark driver's JVM if this hook started it (its SparkContext must have stopped)."""
+        if self._gateway is not None:
+            stop_gateway(self._gateway)
+            self._gateway = None
 
     def cancel(self) -> None:
         """End the running job: every rank is ended and the Spark job cancelled; ``run`` then raises."""

@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import subprocess
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JavaGateway
     from pyspark import SparkConf
 
 LOGGER = "spark"
@@ -79,12 +81,13 @@ class _Relay(threading.Thread):
     def reason(self) -> str:
         """Why the JVM exited, in its own words: its last exception or error line."""
         lines = [line for line in self.last_lines if line and not line.startswith("at ")]
-        said = next((line for line in reversed(lines) if re.search(r"Exception|Error", line)), lines[-1] if lines else "")
+        errors = [line for line in lines if re.search(r"Exception|Error", line)]
+        said = errors[-1] if errors else lines[-1] if lines else ""
         return said.removeprefix('Exception in thread "main" ')
 
 
-def launch_logged_gateway(conf: SparkConf) -> None:
-    """Start pyspark's JVM gateway with ``conf``, its output relayed to ``logging``; no-op if one is running.
+def launch_logged_gateway(conf: SparkConf) -> JavaGateway | None:
+    """Start pyspark's JVM gateway with ``conf``, its output relayed to ``logging``; None if one is running.
 
     Called before the SparkSession is built: pyspark starts one gateway per process and reuses it.
     Raises RuntimeError with the JVM's own reason when it exits before the gateway is up.
@@ -94,7 +97,7 @@ def launch_logged_gateway(conf: SparkConf) -> None:
 
     with SparkContext._lock:
         if SparkContext._gateway is not None:
-            return
+            return None
         read_fd, write_fd = os.pipe()
         relay = _Relay(read_fd)
         relay.start()  # read from the start: a JVM with much to say would block on a full pipe
@@ -106,3 +109,26 @@ def launch_logged_gateway(conf: SparkConf) -> None:
             raise RuntimeError(f"the Spark driver's JVM exited: {relay.reason() or exc}") from exc
         os.close(write_fd)  # the JVM holds its own copy; the relay ends when the JVM does
         SparkContext._ensure_initialized(gateway=gateway)
+        return gateway
+
+
+def stop_gateway(gateway: JavaGateway) -> None:
+    """End a gateway from :func:`launch_logged_gateway` once its SparkContext has stopped.
+
+    The next SparkContext of this process starts a JVM of its own, with its own driver settings
+    (``spark.driver.memory``...: a running JVM would ignore them), instead of one that outlived its task.
+    """
+    from pyspark import SparkContext
+
+    with SparkContext._lock:
+        if SparkContext._active_spark_context is not None or SparkContext._gateway is not gateway:
+            return  # in use by someone else
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    gateway.shutdown()
+    gateway.proc.stdin.close()  # the JVM ends when its stdin closes
+    try:
+        gateway.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        gateway.proc.kill()
+        gateway.proc.wait()

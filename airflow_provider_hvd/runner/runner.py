@@ -57,7 +57,11 @@ class HorovodRunner:
     start_timeout_s: float = 120.0
 
     def __init__(
-        self, *, np: int, driver_log_verbosity: str = "log_callback_only", slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S
+        self,
+        *,
+        np: int,
+        driver_log_verbosity: str = "log_callback_only",
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
