@@ -113,7 +113,8 @@ def test_missing_connection_says_how_to_define_it(monkeypatch):
                                                    r"connection 'spark_test'"),
         ({"host": "no-such-master"}, r"Could not start a Spark session on no-such-master \(connection 'spark_test'\): "
                                      # spark-submit's words when it starts the JVM, SparkContext's in a running one
-                                     r"org.apache.spark.SparkException: (Master must either be yarn or start with "
+                                     r"(the Spark driver's JVM exited: )?org.apache.spark.SparkException: "
+                                     r"(Master must either be yarn or start with "
                                      r"spark, k8s, or local|Could not parse Master URL: 'no-such-master')$"),
     ],
 )
