@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import subprocess
 import sys
 import threading
@@ -17,13 +18,13 @@ from jobs import allreduce_sum
 
 # Another Spark application that takes both cores of the cluster until its stdin closes.
 HOLDER = """
-import sys
+import sys, time
 from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master(sys.argv[1]).appName("slot-holder").config("spark.ui.enabled", "false")
          .config("spark.cores.max", "2").config("spark.executor.cores", "1").getOrCreate())
 jsc = spark.sparkContext._jsc.sc()
 while jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()) < 2:
-    pass
+    time.sleep(0.2)
 print("holding", flush=True)
 sys.stdin.read()
 spark.stop()
@@ -31,21 +32,25 @@ spark.stop()
 
 
 @pytest.fixture(scope="module")
-def holder(standalone_cluster):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, standalone_cluster.url],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
+def holder(standalone_cluster, tmp_path_factory):
+    log = tmp_path_factory.mktemp("holder") / "holder.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, standalone_cluster.url],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+        )
     try:
-        assert proc.stdout.readline().strip() == "holding"
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline().strip() == "holding", f"the holder did not start: {log.read_text()}"
         yield proc
     finally:
-        if proc.poll() is None:
+        if not proc.stdin.closed:
             proc.stdin.close()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
