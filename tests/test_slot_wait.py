@@ -96,9 +96,11 @@ def test_standalone_capacity(conf, slots_at_most):
 
 def test_master_urls():
     assert slots.standalone_masters("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
+    assert slots.standalone_masters("spark://[::1]:7077") == [("::1", 7077)]
     assert slots.standalone_masters("local[2]") == []
-    with pytest.raises(ValueError, match="needs a host and a port"):
-        slots.standalone_masters("spark://127.0.0.1")
+    for bad in ("spark://127.0.0.1", "spark://h:7077:7077"):  # no port; a port in the host and the Port field
+        with pytest.raises(ValueError, match="needs a host and a port"):
+            slots.standalone_masters(bad)
 
 
 @pytest.mark.parametrize("bad", [-1, "600", float("nan"), True])

@@ -127,7 +127,7 @@ class HorovodHook(BaseHook):
         except ValueError as exc:
             raise LaunchError(
                 f"Connection {self.conn_id!r} gives the Spark master URL {master!r}, which Spark cannot use: {exc}. "
-                "Fill in the connection's Port field, or write the port in its Host."
+                "Give the port once: in the connection's Port field or in its Host."
             ) from None
         if masters and not any(_listening(host, port) for host, port in masters):
             raise LaunchError(

@@ -54,11 +54,11 @@ def standalone_masters(master: str) -> list[tuple[str, int]]:
         return []
     masters = []
     for entry in master.removeprefix("spark://").split(","):
-        match = re.fullmatch(r"\[?([^\]\s]+?)\]?:(\d+)", entry.strip())
+        match = re.fullmatch(r"(\[[^\]\s]+\]|[^:\[\]\s]+):(\d+)", entry.strip())  # host:port, [v6]:port
         if match is None:
             raise ValueError(f"{master!r} is not a standalone master URL: each master needs a host and a port, "
                              "e.g. spark://spark-master:7077")
-        masters.append((match.group(1), int(match.group(2))))
+        masters.append((match.group(1).strip("[]"), int(match.group(2))))
     return masters
 
 
