@@ -14,12 +14,12 @@ export KERAS_BACKEND ?= torch
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt scripts/install_horovod.sh scripts/check_prereqs.sh
+$(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/check_prereqs.sh
 	scripts/check_prereqs.sh $(PYTHON)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel packaging
 	$(PIP) install torch==2.13.0
-	scripts/install_horovod.sh $(PY)
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) scripts/install_horovod.py
 	$(PIP) install -e '.[airflow,torch,keras,dev]'
 	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
 	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.

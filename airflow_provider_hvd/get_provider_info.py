@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider_hvd import __version__
+
 
 def get_provider_info() -> dict[str, Any]:
     # No "connection-types": the ``spark`` connection belongs to the apache-spark provider.
@@ -11,7 +13,7 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "airflow-provider-hvd",
         "name": "Horovod on Spark",
         "description": "Distributed training with Horovod, launched as a Spark barrier job (sparkdl's HorovodRunner API).",
-        "versions": ["0.1.0"],
+        "versions": [__version__],
         "integrations": [
             {"integration-name": "Horovod", "external-doc-url": "https://horovod.readthedocs.io/", "tags": ["software"]}
         ],

@@ -31,6 +31,9 @@ class StandaloneCluster:
         self.spark_home = Path(pyspark.__file__).parent
         self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://{LOOPBACK}:{self.port}"
+        self.web_ui = f"http://{LOOPBACK}:{self.ui_port}"
+        # what an application needs to know this master's web UI (not on the default port 8080)
+        self.app_conf = {"spark.horovodRunner.masterWebUiUrl": self.web_ui}
         self._procs: list[subprocess.Popen] = []
         self._workers, self._cores, self._gpus = workers, cores, gpus
 
@@ -59,7 +62,7 @@ class StandaloneCluster:
 
     def alive_workers(self) -> int:
         try:
-            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.ui_port}/json", timeout=2) as resp:
+            with urllib.request.urlopen(f"{self.web_ui}/json", timeout=2) as resp:
                 return int(json.load(resp).get("aliveworkers", 0))
         except OSError:
             return 0

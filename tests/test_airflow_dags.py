@@ -64,7 +64,7 @@ def test_operator_example_relays_every_line(example_dags, caplog):
     run = example_dags["horovod_operator_example"].test()
     assert states(run) == {"allreduce": "success"}
     assert xcom(run, "allreduce") == {"average": 2.0, "size": 2}
-    assert xcom(run, "allreduce", "_link_SparkUILink").startswith("http://")  # the "Spark UI" extra link
+    assert not xcom(run, "allreduce", "_link_SparkUILink")  # local[2]: no page outlives the task, so no link
     relayed = {r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"}
     assert relayed == {
         "[rank 0] rank 0 of 2 holds 1.0", "[rank 0] rank 0 sees the average 2.0",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import traceback
 
 import pytest
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_provider_hvd import LaunchError
 from airflow_provider_hvd.hooks.horovod import HorovodHook, master_from_connection
 
 
@@ -15,22 +17,48 @@ def conn(**fields) -> Connection:
     return Connection(conn_id="spark_test", **{"conn_type": "spark", **fields})
 
 
-@pytest.mark.parametrize(
-    ("connection", "master"),
-    [
-        (conn(host="local[*]"), "local[*]"),
-        (conn(host="local[2]"), "local[2]"),
-        (conn(host="yarn"), "yarn"),
-        (conn(host="spark://spark-master:7077"), "spark://spark-master:7077"),
-        (conn(host="k8s://https://k8s.example.com:6443"), "k8s://https://k8s.example.com:6443"),
-        (conn(host="spark-master", port=7077), "spark://spark-master:7077"),
-        (Connection.from_uri("spark://spark-master:7077", conn_id="u"), "spark://spark-master:7077"),
-        (Connection.from_uri("spark://yarn", conn_id="u"), "yarn"),
-        (Connection(conn_id="u", conn_type="k8s", host="https://k8s.example.com", port=6443), "k8s://https://k8s.example.com:6443"),
-    ],
-)
-def test_master_url(connection, master):
-    assert master_from_connection(connection)[0] == master
+# Connections as users write them: the form's fields, URIs, extras. The expected master URL (and queue and
+# namespace) of each is the apache-spark provider's own resolution of the same connection.
+CONNECTIONS = {
+    "local": {"conn_type": "spark", "host": "local[*]"},
+    "local_n": {"conn_type": "spark", "host": "local[2]"},
+    "yarn": {"conn_type": "spark", "host": "yarn", "extra": {"queue": "training"}},
+    "standalone_url": {"conn_type": "spark", "host": "spark://spark-master:7077"},
+    "standalone_fields": {"conn_type": "spark", "host": "spark-master", "port": 7077},
+    "scheme_in_host_port_in_field": {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077},
+    "ha_masters": {"conn_type": "spark", "host": "spark://m1:7077,m2:7077"},
+    "k8s_url": {"conn_type": "spark", "host": "k8s://https://k8s.example.com:6443", "extra": {"namespace": "ml"}},
+    "k8s_port_in_field": {"conn_type": "spark", "host": "k8s://https://k8s.example.com", "port": 6443},
+    "k8s_conn_type": {"conn_type": "k8s", "host": "https://k8s.example.com", "port": 6443},
+    "uri_standalone": "spark://spark-master:7077",
+    "uri_yarn": "spark://yarn",
+    "uri_local": "spark://local%5B4%5D",
+}
+
+
+@pytest.fixture
+def connections(monkeypatch):
+    from airflow.providers.apache.spark.hooks import spark_submit
+
+    for conn_id, value in CONNECTIONS.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value if isinstance(value, str) else json.dumps(value))
+    # k8s masters need the cncf.kubernetes provider's client, not installed here
+    monkeypatch.setattr(spark_submit, "kube_client", object(), raising=False)
+
+
+@pytest.mark.parametrize("conn_id", sorted(CONNECTIONS))
+def test_master_url_is_the_apache_spark_providers(connections, conn_id):
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    theirs = SparkSubmitHook(conn_id=conn_id)._connection
+    master, conf = HorovodHook(conn_id).resolve()
+    assert (master, conf.get("spark.yarn.queue"), conf.get("spark.kubernetes.namespace")) == (
+        theirs["master"], theirs["queue"], theirs["namespace"]
+    )
+
+
+def test_the_port_field_is_kept_when_the_host_has_a_scheme(connections):
+    assert HorovodHook("scheme_in_host_port_in_field").resolve()[0] == "spark://127.0.0.1:7077"
 
 
 def test_spark_extras_become_conf_and_others_are_mapped():
@@ -74,3 +102,25 @@ def test_missing_connection_says_how_to_define_it(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_TRAINING_CLUSTER", raising=False)
     with pytest.raises(AirflowNotFoundException, match="'training_cluster' is not defined.*AIRFLOW_CONN_TRAINING_CLUSTER="):
         HorovodHook("training_cluster").resolve()
+
+
+@pytest.mark.parametrize(
+    ("connection", "message"),
+    [
+        ({"host": "spark://127.0.0.1"}, r"Connection 'spark_test' gives the Spark master URL 'spark://127.0.0.1', "
+                                        r"which Spark cannot use: .* needs a host and a port"),
+        ({"host": "spark://127.0.0.1", "port": 1}, r"Nothing listens at the Spark master spark://127.0.0.1:1 of "
+                                                   r"connection 'spark_test'"),
+        ({"host": "no-such-master"}, r"Could not start a Spark session on no-such-master \(connection 'spark_test'\): "
+                                     # spark-submit's words when it starts the JVM, SparkContext's in a running one
+                                     r"(the Spark driver's JVM exited: )?org.apache.spark.SparkException: "
+                                     r"(Master must either be yarn or start with "
+                                     r"spark, k8s, or local|Could not parse Master URL: 'no-such-master')$"),
+    ],
+)
+def test_a_spark_session_that_cannot_start_names_the_connection_and_master(monkeypatch, connection, message):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEST", json.dumps({"conn_type": "spark", **connection}))
+    with pytest.raises(LaunchError, match=message) as failure:
+        HorovodHook("spark_test").run(print, np=2)
+    shown = "".join(traceback.format_exception(failure.value))  # what the task log shows
+    assert "\tat " not in shown and "Py4J" not in shown and shown.count("Error: ") == 1, shown

@@ -14,7 +14,9 @@ from test_rank_logs import progress_bar_and_messages
 
 @pytest.fixture(scope="module")
 def cluster_session(standalone_cluster):
-    spark = make_session(standalone_cluster.url, **{"spark.executor.cores": "1", "spark.cores.max": "2"})
+    spark = make_session(
+        standalone_cluster.url, **{"spark.executor.cores": "1", "spark.cores.max": "2", **standalone_cluster.app_conf}
+    )
     yield spark
     spark.stop()
 

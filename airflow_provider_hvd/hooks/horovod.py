@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_hvd.runner import HorovodRunner
+from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway, stop_gateway
+from airflow_provider_hvd.hooks.spark_ui import application_ui_url
+from airflow_provider_hvd.runner import HorovodRunner, LaunchError
+from airflow_provider_hvd.runner.slots import DEFAULT_SLOT_WAIT_S, standalone_masters
 from airflow_provider_hvd.runner.spark_launch import default_executor_python
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
+    from py4j.java_gateway import JavaGateway
     from pyspark.sql import SparkSession
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
@@ -24,16 +29,18 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
     """The Spark master URL and the SparkConf settings a ``spark`` connection stands for.
 
     Same rules as the apache-spark provider's SparkSubmitHook: a host holding a scheme, or with no
-    port, is the master as is (``local[*]``, ``yarn``, ``spark://h:7077``, ``k8s://https://h:443``);
-    otherwise ``<conn_type>://<host>[:<port>]`` (the URI form ``spark://h:7077``). Extras that are
-    Spark settings (``spark.executor.memory``...) go into the SparkConf, as do ``queue`` and ``namespace``.
+    port, is the master as is (``local[*]``, ``yarn``, ``spark://h``, ``k8s://https://h``), otherwise
+    ``<conn_type>://<host>``; then the port, when the connection has one, is appended
+    (host ``spark://h`` and port 7077 → ``spark://h:7077``; the URI form ``spark://h:7077`` alike).
+    Extras that are Spark settings (``spark.executor.memory``...) go into the SparkConf, as do
+    ``queue`` and ``namespace``.
     """
     if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
         master = conn.host
     else:
         master = f"{conn.conn_type}://{conn.host or ''}"
-        if conn.port:
-            master = f"{master}:{conn.port}"
+    if conn.port:
+        master = f"{master}:{conn.port}"
     if master.startswith("sc://") or conn.conn_type == "spark_connect":
         raise ValueError(
             f"Connection {conn.conn_id!r} points at Spark Connect ({master}); HorovodRunner needs a classic "
@@ -48,6 +55,22 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
     conf = {key: str(value) for key, value in extra.items() if key.startswith("spark.")}
     conf.update({_EXTRA_TO_CONF[key]: str(extra[key]) for key in _EXTRA_TO_CONF if extra.get(key)})
     return master, conf
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    """What went wrong, without py4j's preamble or the JVM's stack trace."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        return str(java.toString())
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 class HorovodHook(BaseHook):
@@ -71,7 +94,9 @@ class HorovodHook(BaseHook):
         self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
         self.app_name = app_name
         self._runner: HorovodRunner | None = None
+        self._gateway: JavaGateway | None = None  # the JVM this hook started, if it did
         self.ui_url: str | None = None
+        self.history_server: str | None = None
 
     def resolve(self) -> tuple[str, dict[str, str]]:
         """The master URL and the SparkConf settings: the connection's, then ``spark_conf``."""
@@ -85,14 +110,33 @@ class HorovodHook(BaseHook):
                 f"or `airflow connections add {self.conn_id} --conn-type spark --conn-host 'local[*]'`."
             ) from None
         master, conf = master_from_connection(conn)
+        self.history_server = conn.extra_dejson.get("history-server-url") or None
         return master, {**conf, **self.spark_conf}
 
     def get_conn(self) -> SparkSession:
-        """The SparkSession on the connection's master (the running one if it already matches)."""
+        """The SparkSession on the connection's master (the running one if it already matches).
+
+        Stop it, then call :meth:`stop`, to end the JVM the hook may have started for it.
+        """
         return self._session()[0]
 
+    def _check_master(self, master: str) -> None:
+        """Fail fast, with the connection's name, where Spark would answer with a JVM stack trace or a long wait."""
+        try:
+            masters = standalone_masters(master)
+        except ValueError as exc:
+            raise LaunchError(
+                f"Connection {self.conn_id!r} gives the Spark master URL {master!r}, which Spark cannot use: {exc}. "
+                "Give the port once: in the connection's Port field or in its Host."
+            ) from None
+        if masters and not any(_listening(host, port) for host, port in masters):
+            raise LaunchError(
+                f"Nothing listens at the Spark master {master} of connection {self.conn_id!r}: start the master, "
+                "or correct the connection's host and port."
+            )
+
     def _session(self) -> tuple[SparkSession, bool]:
-        from pyspark import SparkContext
+        from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
         master, conf = self.resolve()
@@ -104,15 +148,27 @@ class HorovodHook(BaseHook):
                     f"{self.conn_id!r} asks for {master}: Spark allows one per process. Stop the other one first."
                 )
             return SparkSession.builder.getOrCreate(), False
+        self._check_master(master)
         # pyspark's driver takes the executors' Python from the environment, not from the SparkConf
         if "spark.pyspark.python" in conf:
             os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
         else:
             default_executor_python(master)
-        builder = SparkSession.builder.master(master).appName(self.app_name)
-        for key, value in conf.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate(), True
+        conf = {"spark.ui.showConsoleProgress": "false", **conf}  # a progress bar is noise in a task log
+        try:
+            self._gateway = launch_logged_gateway(
+                SparkConf().setMaster(master).setAppName(self.app_name).setAll(conf.items())
+            )
+            builder = SparkSession.builder.master(master).appName(self.app_name)
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            return builder.getOrCreate(), True
+        except Exception as exc:  # noqa: BLE001 - one sentence instead of py4j's JVM stack trace
+            reason = _first_line(exc)  # asks the JVM: before it is stopped
+            self.stop()
+            raise LaunchError(
+                f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {reason}"
+            ) from None
 
     def run(
         self,
@@ -122,23 +178,35 @@ class HorovodHook(BaseHook):
         *,
         np: int,
         driver_log_verbosity: str = "log_callback_only",
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
-        if this hook started it); ``np < 0`` runs the ranks in this process's host, without Spark.
+        if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
+        slots; ``np < 0`` runs the ranks in this process's host, without Spark.
         """
-        self._runner = HorovodRunner(np=np, driver_log_verbosity=driver_log_verbosity)
+        self._runner = HorovodRunner(
+            np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout
+        )
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})
         spark, owned = self._session()
-        self.ui_url = spark.sparkContext.uiWebUrl
-        self.log.info("Spark master %s, application %s", spark.sparkContext.master, spark.sparkContext.applicationId)
+        sc = spark.sparkContext
+        self.ui_url = application_ui_url(sc, self.history_server)
+        self.log.info("Spark master %s, application %s, UI %s", sc.master, sc.applicationId, self.ui_url or "-")
         try:
             return self._runner.run_with_args(python_callable, args, kwargs or {})
         finally:
             if owned:
                 spark.stop()
+                self.stop()
+
+    def stop(self) -> None:
+        """End the Spark driver's JVM if this hook started it (its SparkContext must have stopped)."""
+        if self._gateway is not None:
+            stop_gateway(self._gateway)
+            self._gateway = None
 
     def cancel(self) -> None:
         """End the running job: every rank is ended and the Spark job cancelled; ``run`` then raises."""

@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.runner.errors import RunCancelledError
 from airflow_provider_hvd.runner.runner import check_verbosity
+from airflow_provider_hvd.runner.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -20,7 +21,11 @@ _SHIPPABLE = (str, int, float, bool, type(None))
 
 
 class SparkUILink(BaseOperatorLink):
-    """The Spark UI of the application that ran the task's barrier job."""
+    """A page about the Spark application that ran the task's barrier job, one that outlives the task.
+
+    The History Server's, YARN's tracking URL or the standalone master's application page; no link on a
+    local master (the driver's own UI stops with the task).
+    """
 
     name = "Spark UI"
 
@@ -39,6 +44,8 @@ class HorovodRunnerOperator(BaseOperator):
         the task log.
     :param conn_id: the ``spark`` connection (default ``spark_default``).
     :param spark_conf: Spark settings on top of the connection's (templated).
+    :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
+        before failing; a job that can never fit the cluster fails at once.
     """
 
     template_fields: Sequence[str] = ("op_args", "op_kwargs", "np", "spark_conf")
@@ -56,12 +63,14 @@ class HorovodRunnerOperator(BaseOperator):
         driver_log_verbosity: str = "log_callback_only",
         conn_id: str = HorovodHook.default_conn_name,
         spark_conf: dict[str, Any] | None = None,
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
         check_verbosity(driver_log_verbosity)  # at parse time, not when the task runs
+        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
         self.python_callable = python_callable
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
@@ -97,7 +106,8 @@ class HorovodRunnerOperator(BaseOperator):
         self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
         try:
             value = self._hook.run(
-                self.python_callable, self.op_args, kwargs, np=np, driver_log_verbosity=self.driver_log_verbosity
+                self.python_callable, self.op_args, kwargs, np=np, driver_log_verbosity=self.driver_log_verbosity,
+                slot_wait_timeout=self.slot_wait_timeout,
             )
         finally:
             self.spark_ui_url = self._hook.ui_url

@@ -14,6 +14,7 @@ from typing import Any
 from .channel import rank_log
 from .local_launch import LocalLauncher
 from .payload import WARN_BYTES, dumps_job
+from .slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .spark_launch import SparkLauncher, active_session
 from .supervisor import Launcher, Supervisor
 
@@ -66,18 +67,27 @@ class HorovodRunner:
     :param driver_log_verbosity: for ``np > 0``: ``"all"`` relays every rank's stdout and stderr to the
         driver's log; ``"log_callback_only"`` (default) relays only :func:`log_to_driver` messages and
         ``LogCallback`` lines, the rest staying in the executors' stderr.
+    :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
+        busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once).
     """
 
     start_timeout_s: float = 120.0
     #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
     payload_warning_bytes: int = WARN_BYTES
 
-    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
+    def __init__(
+        self,
+        *,
+        np: int,
+        driver_log_verbosity: str = "log_callback_only",
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+    ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
         check_verbosity(driver_log_verbosity)
+        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self._runs: list[_Run] = []
@@ -101,14 +111,16 @@ class HorovodRunner:
         except ValueError:
             pass  # no signature to check (some builtins)
         payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes)
-        launcher: Launcher
-        if self.num_processor < 0:
-            launcher = LocalLauncher(-self.num_processor)
-        else:
-            launcher = SparkLauncher(active_session(), self.num_processor)
         run = _Run()
         self._runs.append(run)
         try:
+            launcher: Launcher
+            if self.num_processor < 0:
+                launcher = LocalLauncher(-self.num_processor)
+            else:
+                launcher = SparkLauncher(
+                    active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
+                )
             launcher.check_slots()
             with _rank_logs_visible():
                 return Supervisor(

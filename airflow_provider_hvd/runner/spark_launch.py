@@ -8,7 +8,6 @@ import re
 import socket
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -18,17 +17,16 @@ from .errors import LaunchError
 from .local_launch import LOOPBACK
 from .messages import Hello
 from .outcome import LaunchFailed
+from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-SLOT_WAIT_S = 15.0
 _TASK_FAILURE_POLL_S = 1.0
 _JVM_FRAME = re.compile(r"\tat |\t\.\.\. \d+ more$")
 _PY4J_CALL = "An error occurred while calling "
 _LOCAL_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
-
 
 def is_local(master: str) -> bool:
     """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: the executors are threads of the driver's JVM.
@@ -61,19 +59,15 @@ def active_session() -> SparkSession:
         spark = SparkSession.builder.getOrCreate()
     if spark is None:
         default_executor_python("local[*]")
-        spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").getOrCreate()
+        spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").config(
+            "spark.ui.showConsoleProgress", "false"  # a progress bar is noise in a task log
+        ).getOrCreate()
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         raise LaunchError(
             "HorovodRunner(np>0) needs a classic SparkSession (a barrier job on a SparkContext); the active "
             "session is a Spark Connect one (sc://). Use a spark://, yarn, k8s:// or local master, or np<0."
         )
     return spark
-
-
-def task_slots(sc: SparkContext) -> int:
-    """How many tasks the cluster can run at once right now (what a barrier stage needs)."""
-    jsc = sc._jsc.sc()  # type: ignore[attr-defined]
-    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
 
 
 def _barrier_task(args: AgentArgs) -> Callable[[Iterator[Any]], Iterator[str]]:
@@ -98,9 +92,17 @@ def _barrier_task(args: AgentArgs) -> Callable[[Iterator[Any]], Iterator[str]]:
 class SparkLauncher:
     """Runs the agents as a Spark barrier job; the rank processes are children of the Python workers."""
 
-    def __init__(self, spark: SparkSession, size: int) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        size: int,
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.sc = spark.sparkContext
         self.size = size
+        self.slot_wait_timeout = slot_wait_timeout
+        self.cancelled = cancelled
         self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
         self.local = is_local(self.sc.master)
         self.driver_host = LOOPBACK if self.local else socket.gethostbyname(
@@ -115,25 +117,8 @@ class SparkLauncher:
         return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
 
     def check_slots(self) -> None:
-        conf = self.sc.getConf()
-        if (conf.get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
-            raise LaunchError(
-                "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
-                f"and spark.executor.instances so that the cluster holds {self.size} task slots."
-            )
-        deadline = time.monotonic() + (0 if self.local else SLOT_WAIT_S)
-        slots = task_slots(self.sc)
-        while slots < self.size and time.monotonic() < deadline:  # executors may still be registering
-            time.sleep(0.5)
-            slots = task_slots(self.sc)
-        if slots < self.size:
-            raise LaunchError(
-                f"HorovodRunner(np={self.size}) needs {self.size} Spark task slots at once (a barrier job starts "
-                f"all its tasks together), but the cluster at {self.sc.master} has {slots} "
-                f"(spark.task.cpus={conf.get('spark.task.cpus') or 1}). Lower np to at most {slots}, give the "
-                "cluster more executors or cores (spark.executor.instances, spark.executor.cores), or use "
-                "np<0 to run on this host alone."
-            )
+        """Wait (bounded) until the application has ``size`` task slots; refuse a job that can never fit."""
+        wait_for_slots(self.sc, self.size, self.slot_wait_timeout, self.cancelled)
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(

@@ -1,0 +1,205 @@
+"""Task slots for a barrier job: how many the application has now, the most it could ever get, waiting for them.
+
+A barrier stage of ``np`` tasks starts only when ``np`` task slots are free at once. As sparkdl does, a busy
+cluster that could hold the job is waited for (with a report every 30 s), up to a bound; a job that can
+never fit (more ranks than a local master's cores or a standalone cluster's) is refused at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .errors import LaunchError, RunCancelledError
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+log = logging.getLogger("airflow_provider_hvd.runner")
+
+DEFAULT_SLOT_WAIT_S = 600.0
+REPORT_EVERY_S = 30.0  # how often a wait for slots is reported (sparkdl warns as often)
+FIRST_REPORT_S = 5.0  # executors of a new application take a few seconds to register: no report before
+POLL_S = 0.5
+# Where the standalone master's web UI is (its /json/ tells the cluster's cores); default http://<master>:8080
+MASTER_WEB_UI_CONF = "spark.horovodRunner.masterWebUiUrl"
+MASTER_WEB_UI_PORT = 8080
+
+
+def check_slot_wait_timeout(seconds: float) -> float:
+    """``seconds`` as a float, or ValueError when it is not a number of seconds >= 0."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise ValueError(f"slot_wait_timeout must be a number of seconds >= 0, not {seconds!r}")
+    return float(seconds)
+
+
+def slots_now(sc: SparkContext) -> int:
+    """How many tasks the application's executors can run at once right now (what a barrier stage needs)."""
+    jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def standalone_masters(master: str) -> list[tuple[str, int]]:
+    """``spark://h1:7077,h2:7077`` → ``[("h1", 7077), ("h2", 7077)]``; ``[]`` for other masters.
+
+    Raises ValueError when an entry has no port (Spark would answer ``Invalid master URL``).
+    """
+    if not master.startswith("spark://"):
+        return []
+    masters = []
+    for entry in master.removeprefix("spark://").split(","):
+        match = re.fullmatch(r"(\[[^\]\s]+\]|[^:\[\]\s]+):(\d+)", entry.strip())  # host:port, [v6]:port
+        if match is None:
+            raise ValueError(f"{master!r} is not a standalone master URL: each master needs a host and a port, "
+                             "e.g. spark://spark-master:7077")
+        masters.append((match.group(1).strip("[]"), int(match.group(2))))
+    return masters
+
+
+def master_web_ui(sc: SparkContext) -> str | None:
+    """The standalone master's web UI URL (``spark.horovodRunner.masterWebUiUrl``, else port 8080 of the master)."""
+    configured = sc.getConf().get(MASTER_WEB_UI_CONF)
+    if configured:
+        return configured.rstrip("/")
+    masters = standalone_masters(sc.master)
+    return f"http://{masters[0][0]}:{MASTER_WEB_UI_PORT}" if masters else None
+
+
+def master_state(sc: SparkContext, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The standalone master's ``/json/`` state (workers, cores, applications), or None if it cannot be read.
+
+    Checked to be the state of this application's master, not whatever else answers on that port.
+    """
+    ui = master_web_ui(sc)
+    if ui is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"{ui}/json/", timeout=timeout) as resp:
+            state = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("workers"), list):
+        return None
+    ours = {f"{host}:{port}" for host, port in standalone_masters(sc.master)}
+    theirs = {entry.strip() for entry in str(state.get("url", "")).removeprefix("spark://").split(",")}
+    return state if ours & theirs else None
+
+
+def _mebibytes(size: str) -> int:
+    """A JVM memory size as Spark writes it (``4g``, ``512m``, ``1024``: MiB without a unit) in MiB."""
+    match = re.fullmatch(r"(\d+)\s*([kmgtp]?)b?", size.strip().lower())
+    if match is None:
+        return 1024
+    scale = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}[match.group(2)]
+    return max(1, math.ceil(int(match.group(1)) * scale))
+
+
+def standalone_capacity(state: dict[str, Any], conf: dict[str, str]) -> int:
+    """The most task slots a standalone cluster in ``state`` could give an application with SparkConf ``conf``.
+
+    Counts every alive worker's cores as if free (the job may wait for them), the executors that fit its
+    cores and memory, and ``spark.cores.max``. An upper bound: a job above it can never start.
+    """
+    task_cpus = int(conf.get("spark.task.cpus") or 1)
+    executor_mb = _mebibytes(conf.get("spark.executor.memory") or "1g")
+    cores_max = int(conf["spark.cores.max"]) if conf.get("spark.cores.max") else None
+    workers = [
+        (int(w.get("cores", 0)), int(w.get("memory", 0)))
+        for w in state["workers"]
+        if w.get("state") == "ALIVE" and int(w.get("memory", 0)) >= executor_mb
+    ]
+    if conf.get("spark.executor.cores"):  # executors of that many cores, as many as each worker can hold
+        executor_cores = int(conf["spark.executor.cores"])
+        executors = sum(min(cores // executor_cores, memory // executor_mb) for cores, memory in workers)
+        if cores_max is not None:
+            executors = min(executors, cores_max // executor_cores)
+        return executors * (executor_cores // task_cpus)
+    slots = sum(cores // task_cpus for cores, _ in workers)  # one executor per worker, with all its cores
+    return slots if cores_max is None else min(slots, cores_max // task_cpus)
+
+
+def slots_at_most(sc: SparkContext) -> int | None:
+    """The most task slots this application could ever have, or None where that cannot be known (YARN, k8s)."""
+    from .spark_launch import is_local  # that module launches through this one
+
+    if is_local(sc.master):
+        return slots_now(sc)  # the driver's own threads: all there from the start
+    state = master_state(sc)
+    if state is None:
+        return None
+    return standalone_capacity(state, dict(sc.getConf().getAll()))
+
+
+def check_barrier_allowed(sc: SparkContext, size: int) -> None:
+    """Spark refuses barrier jobs under dynamic allocation: say so before anything starts."""
+    if (sc.getConf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        raise LaunchError(
+            "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
+            f"and spark.executor.instances so that the cluster holds {size} task slots."
+        )
+
+
+def _never_fits(sc: SparkContext, size: int, total: int) -> LaunchError:
+    task_cpus = sc.getConf().get("spark.task.cpus") or 1
+    return LaunchError(
+        f"HorovodRunner(np={size}) needs {size} Spark task slots at once (a barrier job starts all its tasks "
+        f"together), but the cluster at {sc.master} has {total} at most (spark.task.cpus={task_cpus}). Lower np "
+        f"to at most {total}, give the cluster more executors or cores (spark.executor.instances, "
+        "spark.executor.cores, spark.cores.max), or use np<0 to run on this host alone."
+    )
+
+
+def wait_for_slots(
+    sc: SparkContext,
+    size: int,
+    timeout: float = DEFAULT_SLOT_WAIT_S,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> None:
+    """Return once the application has ``size`` task slots; wait up to ``timeout`` seconds for a busy cluster.
+
+    Raises LaunchError at once when ``size`` can never fit, or when the wait ends without the slots;
+    RunCancelledError when ``cancelled()`` turns true while waiting.
+    """
+    check_barrier_allowed(sc, size)
+    slots = slots_now(sc)
+    if slots >= size:
+        return
+    total = slots_at_most(sc)
+    if total is not None and total < size:
+        raise _never_fits(sc, size, total)
+    started = time.monotonic()
+    next_report = started + min(FIRST_REPORT_S, REPORT_EVERY_S)
+    while slots < size:
+        now = time.monotonic()
+        if cancelled():
+            raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots on {sc.master}")
+        if sc._jsc is None or sc._jsc.sc().isStopped():  # type: ignore[attr-defined]
+            raise LaunchError(
+                f"the SparkContext on {sc.master} stopped while HorovodRunner waited for {size} task slots "
+                "(did the master give up the application?); see Spark's log above"
+            )
+        if now - started >= timeout:
+            raise LaunchError(
+                f"HorovodRunner(np={size}) waited {now - started:.0f}s for {size} free Spark task slots on "
+                f"{sc.master}, and the application has {slots} (the cluster is busy with other jobs, or its "
+                f"executors cannot start). Wait longer (slot_wait_timeout, now {timeout:g}s), free the "
+                "cluster, or lower np."
+            )
+        if now >= next_report:
+            at_most = f" of the {total} it could hold" if total is not None else ""
+            log.warning(
+                "HorovodRunner: waiting for %d Spark task slots on %s; the application has %d%s "
+                "(%.0fs waited, up to %gs)", size, sc.master, slots, at_most, now - started, timeout,
+            )
+            next_report = now + REPORT_EVERY_S
+            total = slots_at_most(sc)  # workers may have come or gone
+            if total is not None and total < size:
+                raise _never_fits(sc, size, total)
+        time.sleep(POLL_S)
+        slots = slots_now(sc)

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Build horovod 0.28.1 (once, cached) and install it into a Python environment that already has torch.
+
+    python scripts/install_horovod.py [--python /path/to/venv/bin/python]
+
+Used by `make setup` and by docker/Dockerfile; runs on the standard library alone, so it also works in an
+existing Airflow deployment before this package is installed (see the README).
+
+horovod 0.28.1 is the last release and, as published, does not build against torch >= 2.1 (torch's headers
+need C++17). Its PyPI sdist is built with CMAKE_CXX_STANDARD raised to 17, with PyTorch and Gloo and without
+MPI, TensorFlow or MXNet, and the wheel is cached outside the repository under
+``$HVD_WHEEL_CACHE`` (default ``~/.cache/airflow-provider-hvd``) in a folder named by horovod's, torch's and
+Python's versions and the build variant, so that only the first run pays the ~5 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOROVOD_VERSION = "0.28.1"
+CMAKE_FILES = ("CMakeLists.txt", "horovod/torch/CMakeLists.txt")
+
+
+class InstallError(RuntimeError):
+    """What is missing or failed, with the fix."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The environment horovod is built for."""
+
+    python: str
+    torch_version: str  # torch.__version__, e.g. "2.13.0+cpu"
+    torch_cuda: str | None  # torch.version.cuda: None for a CPU-only torch
+    py_tag: str  # "cp311"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What horovod is built with: its name is part of the wheel cache key ("cpu", later "cuda12.4")."""
+
+    name: str
+    env: dict[str, str] = field(default_factory=dict)  # HOROVOD_* build switches
+
+
+def cpu_variant() -> Variant:
+    return Variant("cpu", {
+        "HOROVOD_WITH_PYTORCH": "1",
+        "HOROVOD_WITH_GLOO": "1",
+        "HOROVOD_WITHOUT_MPI": "1",
+        "HOROVOD_WITHOUT_TENSORFLOW": "1",
+        "HOROVOD_WITHOUT_MXNET": "1",
+    })
+
+
+def choose_variant(target: Target) -> Variant:
+    """The build for ``target``. Only CPU (Gloo) today; a GPU build (HOROVOD_GPU_OPERATIONS=NCCL, when a CUDA
+    toolkit and a CUDA torch are found) is another Variant returned from here, named by its CUDA version."""
+    return cpu_variant()
+
+
+def probe(python: str) -> Target:
+    code = (
+        "import sys, torch; "
+        "print(torch.__version__); print(torch.version.cuda or ''); "
+        "print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"
+    )
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InstallError(f"torch must be installed in {python}'s environment before horovod (it is built against "
+                           f"it): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+    torch_version, cuda, py_tag = proc.stdout.split("\n")[:3]
+    return Target(python, torch_version, cuda or None, py_tag)
+
+
+def cache_dir(root: Path, target: Target, variant: Variant) -> Path:
+    torch = target.torch_version.replace("+", "_")
+    return root / f"horovod-{HOROVOD_VERSION}-torch-{torch}-{target.py_tag}-{variant.name}"
+
+
+def horovod_installed(python: str) -> bool:
+    check = f"import horovod.torch, sys; sys.exit(horovod.__version__ != {HOROVOD_VERSION!r})"
+    return subprocess.run([python, "-c", check], capture_output=True).returncode == 0
+
+
+def check_toolchain() -> None:
+    if shutil.which("cmake") is None:
+        raise InstallError("cmake is missing; install it (Debian: apt-get install cmake) and run again.")
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        raise InstallError("a C++17 compiler is missing; install g++ >= 9 (Debian: apt-get install g++) and run again.")
+
+
+def raise_cxx_standard(src: Path) -> None:
+    for name in CMAKE_FILES:
+        path = src / name
+        text = path.read_text()
+        path.write_text(text.replace("set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"))
+        if "CMAKE_CXX_STANDARD 14" in path.read_text():
+            raise InstallError(f"could not raise the C++ standard in horovod's {name}")
+
+
+def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
+    check_toolchain()
+    print(f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against torch "
+          f"{target.torch_version} (about 5 minutes on 2 cores)...", flush=True)
+    with tempfile.TemporaryDirectory() as work_dir:
+        work = Path(work_dir)
+        subprocess.run([target.python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"horovod=={HOROVOD_VERSION}", "-d", str(work)], check=True)
+        with tarfile.open(work / f"horovod-{HOROVOD_VERSION}.tar.gz") as sdist:
+            sdist.extractall(work, filter="data")
+        src = work / f"horovod-{HOROVOD_VERSION}"
+        raise_cxx_standard(src)
+        env = {**os.environ, **variant.env, "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        proc = subprocess.run([target.python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                               "-w", str(work / "dist"), str(src)], env=env)
+        if proc.returncode != 0:
+            raise InstallError("building horovod failed (see the compiler output above).")
+        built = next((work / "dist").glob("horovod-*.whl"))
+        cache.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.move(str(built), cache / built.name))
+
+
+def install(python: str, cache_root: Path) -> None:
+    """Install horovod into ``python``'s environment, building the wheel first if the cache has none."""
+    if horovod_installed(python):
+        return
+    target = probe(python)
+    variant = choose_variant(target)
+    cache = cache_dir(cache_root, target, variant)
+    wheel = next(iter(sorted(cache.glob("horovod-*.whl"))), None) or build_wheel(target, variant, cache)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True)
+    if not horovod_installed(python):
+        raise InstallError(f"horovod was installed from {wheel} but 'import horovod.torch' fails in {python}.")
+
+
+def default_cache() -> Path:
+    if os.environ.get("HVD_WHEEL_CACHE"):
+        return Path(os.environ["HVD_WHEEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "airflow-provider-hvd"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", default=sys.executable, help="the environment's python (default: this one)")
+    parser.add_argument("--cache", type=Path, default=default_cache(), help="where built wheels are kept")
+    args = parser.parse_args(argv)
+    try:
+        install(args.python, args.cache)
+    except (InstallError, subprocess.CalledProcessError) as exc:
+        print(f"install_horovod: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""DAGs the real-deployment test (tests/test_airflow_deployment.py) triggers through the REST API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, task
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+with DAG("hvd_retry", schedule=None, start_date=START, catchup=False):
+
+    @task.horovod(np=2, retries=1, retry_delay=timedelta(seconds=1))
+    def flaky(attempt: str) -> dict:
+        """Rank 1 fails on the task's first try; Airflow's retry runs the whole job again."""
+        import horovod.torch as hvd
+
+        hvd.init()
+        if int(attempt) == 1 and hvd.rank() == 1:
+            raise RuntimeError("rank 1 fails on the first try")
+        return {"attempt": int(attempt), "size": hvd.size()}
+
+    flaky(attempt="{{ ti.try_number }}")
+
+
+with DAG("hvd_unreachable_master", schedule=None, start_date=START, catchup=False):
+
+    @task.horovod(np=2, conn_id="spark_unreachable")
+    def never_starts() -> None:
+        raise AssertionError("no rank should start: the connection's master does not answer")
+
+    never_starts()

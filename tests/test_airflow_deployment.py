@@ -1,0 +1,123 @@
+"""A real Airflow deployment (`airflow standalone`: scheduler with LocalExecutor, API server, dag processor,
+triggerer) against the loopback standalone Spark cluster, driven and checked through the REST API as a user would.
+
+The cluster has room for one 2-rank job at a time: runs triggered together wait their turn for task slots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+
+from airflow_deployment import AirflowDeployment, log_text
+from jobs import alive, wait_for_pids
+from spark_cluster import free_port
+
+EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
+DAGS = [EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill"]
+
+
+@pytest.fixture(scope="module")
+def airflow(standalone_cluster, tmp_path_factory, request):
+    home = tmp_path_factory.mktemp("airflow-deployment")
+    # a spark connection as the connection form invites: the scheme in Host, the port in its own field
+    spark_default = {
+        "conn_type": "spark", "host": "spark://127.0.0.1", "port": standalone_cluster.port,
+        "extra": {"spark.executor.cores": "1", **standalone_cluster.app_conf},
+    }
+    unreachable = {"conn_type": "spark", "host": "spark://127.0.0.1", "port": free_port()}
+    env = {
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
+        "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
+    }
+    failed_before = request.session.testsfailed
+    deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start(DAGS)
+    yield deployment
+    deployment.stop()
+    if request.session.testsfailed > failed_before:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line(f"\n--- airflow standalone's log ({deployment.log_path}), last lines ---")
+        reporter.write_line(deployment.log_tail(200))
+
+
+@pytest.fixture(scope="module")
+def runs(airflow):
+    """Three DAG runs triggered together on a cluster with room for one; each waits its turn."""
+    started = {dag_id: airflow.trigger(dag_id) for dag_id in (EXAMPLE, "hvd_retry", "hvd_unreachable_master")}
+    return {dag_id: (run_id, airflow.wait_for_run(dag_id, run_id, timeout=240)) for dag_id, run_id in started.items()}
+
+
+def test_training_run_succeeds_with_both_ranks_in_the_task_log(airflow, runs):
+    run_id, state = runs[EXAMPLE]
+    records = airflow.task_log(EXAMPLE, run_id, "allreduce")
+    assert state == "success", log_text(records)
+    events = [r.get("event") for r in records]
+    both_ranks = ["[rank 0] rank 0 of 2 holds 1.0", "[rank 1] rank 1 of 2 holds 3.0",
+                  "[rank 0] rank 0 sees the average 2.0", "[rank 1] rank 1 sees the average 2.0"]
+    assert not [line for line in both_ranks if line not in events], log_text(records)
+    assert airflow.xcom(EXAMPLE, run_id, "allreduce") == {"average": 2.0, "size": 2}
+
+
+def test_a_successful_run_logs_no_error_and_spark_speaks_at_its_own_level(airflow, runs):
+    records = airflow.task_log(EXAMPLE, runs[EXAMPLE][0], "allreduce")
+    errors = [r for r in records if r.get("level") in ("error", "critical")]
+    assert not errors, log_text(errors)
+    native = [r for r in records if "Unable to load native-hadoop library" in str(r.get("event"))]
+    assert [(r["level"], r["logger"]) for r in native] == [("warning", "spark.NativeCodeLoader")], log_text(records)
+    assert not [r for r in records if "[Stage " in str(r.get("event"))], "a console progress bar in the task log"
+
+
+def test_spark_ui_link_answers_after_the_task(airflow, runs, standalone_cluster):
+    run_id, _ = runs[EXAMPLE]
+    link = airflow.extra_links(EXAMPLE, run_id, "allreduce")["Spark UI"]
+    assert link.startswith(f"{standalone_cluster.web_ui}/app/?appId=app-"), link
+    with urllib.request.urlopen(link, timeout=10) as page:  # the task's SparkContext is long gone
+        assert page.status == 200
+        assert "horovod_operator_example.allreduce" in page.read().decode()
+
+
+def test_a_task_whose_rank_fails_succeeds_on_its_retry(airflow, runs):
+    run_id, state = runs["hvd_retry"]
+    first, second = (airflow.task_log("hvd_retry", run_id, "flaky", n) for n in (1, 2))
+    assert state == "success", log_text(first + second)
+    assert airflow.task_instance("hvd_retry", run_id, "flaky")["try_number"] == 2
+    assert "rank 1 fails on the first try" in log_text(first)
+    assert airflow.xcom("hvd_retry", run_id, "flaky") == {"attempt": 2, "size": 2}
+
+
+def test_an_unreachable_master_fails_with_one_sentence(airflow, runs):
+    run_id, state = runs["hvd_unreachable_master"]
+    records = airflow.task_log("hvd_unreachable_master", run_id, "never_starts")
+    assert state == "failed"
+    text = log_text(records)
+    assert "Nothing listens at the Spark master spark://127.0.0.1:" in text and "'spark_unreachable'" in text, text
+    assert "\tat " not in text and "Py4J" not in text, text  # no JVM stack trace
+
+
+def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(airflow, runs, standalone_cluster,
+                                                                             tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    run_id = airflow.trigger("hvd_on_kill", {"pid_dir": str(pid_dir)})
+    try:
+        pids = wait_for_pids(str(pid_dir), 2, timeout=120)
+    except TimeoutError:
+        pytest.fail(log_text(airflow.task_log("hvd_on_kill", run_id, "train_forever")))
+    assert active_apps(standalone_cluster) == ["hvd_on_kill.train_forever"]
+    airflow.mark_failed("hvd_on_kill", run_id, "train_forever")
+    marked = time.monotonic()
+    while time.monotonic() - marked < 10 and (any(alive(pid) for pid in pids) or active_apps(standalone_cluster)):
+        time.sleep(0.2)
+    assert not [pid for pid in pids if alive(pid)], "rank processes outlived the task marked failed"
+    assert active_apps(standalone_cluster) == [], "the task's Spark application outlived it"
+    assert airflow.wait_for_run("hvd_on_kill", run_id, timeout=60) == "failed"
+
+
+def active_apps(cluster) -> list[str]:
+    with urllib.request.urlopen(f"{cluster.web_ui}/json/", timeout=5) as resp:
+        return [app["name"] for app in json.load(resp)["activeapps"]]
+

@@ -1,0 +1,122 @@
+"""docker/ as far as it can be checked without a Docker engine: the compose file against the Compose
+Specification's JSON schema, its layout, and the Dockerfile (parsed with BuildKit's own parser)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+from pathlib import Path
+
+import dockerfile
+import jsonschema
+import pytest
+import yaml
+from airflow.sdk import Connection
+
+from airflow_provider_hvd.hooks.horovod import master_from_connection
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker" / "docker-compose.yml"
+AIRFLOW_SERVICES = ["airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.fixture(scope="module")
+def instructions() -> list:
+    return list(dockerfile.parse_file(str(ROOT / "docker" / "Dockerfile")))
+
+
+def test_the_compose_file_follows_the_compose_specification(compose, validator):
+    assert [error.message for error in validator.iter_errors(compose)] == []
+
+
+def test_the_schema_check_catches_a_mistake(compose, validator):
+    broken = copy.deepcopy(compose)
+    broken["services"]["spark-master"]["healthcheck"]["retry"] = 5  # "retries"
+    assert not validator.is_valid(broken)
+
+
+def test_one_image_is_built_once_and_used_by_every_service(compose):
+    services = compose["services"]
+    builders = {name: s for name, s in services.items() if "build" in s}
+    assert list(builders) == ["airflow-init"]  # several builders of one tag race on a first `up --build`
+    build = builders["airflow-init"]["build"]
+    assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == ROOT / "docker" / "Dockerfile"
+    image = builders["airflow-init"]["image"]
+    users = {name for name, s in services.items() if s.get("image") == image}
+    assert users == set(services) - {"postgres"}
+    assert {services[name]["pull_policy"] for name in users - {"airflow-init"}} == {"never"}
+
+
+def test_airflow_is_laid_out_as_its_official_compose_file(compose):
+    services = compose["services"]
+    assert {"postgres", "airflow-init", *AIRFLOW_SERVICES} <= set(services)
+    for name in ["postgres", *AIRFLOW_SERVICES, "spark-master", "spark-worker-1", "spark-worker-2"]:
+        assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    for name in AIRFLOW_SERVICES:
+        assert services[name]["depends_on"]["airflow-init"] == {"condition": "service_completed_successfully"}
+        assert services[name]["depends_on"]["postgres"] == {"condition": "service_healthy"}
+        env = services[name]["environment"]
+        assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
+        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
+        assert "AIRFLOW__API_AUTH__JWT_SECRET" in env  # shared by whoever signs and checks task tokens
+    assert services["airflow-apiserver"]["ports"] == ["8080:8080"]
+    init = " ".join(services["airflow-init"]["command"])
+    assert "airflow db migrate" in init and "passwords.json" in init  # the admin's password, written down
+
+
+def test_the_executors_can_reach_the_driver_and_the_link_its_master(compose):
+    services = compose["services"]
+    env = services["airflow-scheduler"]["environment"]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"  # tasks, so Spark drivers, run in the scheduler
+    conn = Connection.from_json(env["AIRFLOW_CONN_SPARK_DEFAULT"], conn_id="spark_default")
+    master, conf = master_from_connection(conn)
+    assert conf["spark.driver.host"] == services["airflow-scheduler"]["hostname"]
+    master_cmd = shlex.split(services["spark-master"]["command"])
+    option = dict(zip(master_cmd[2::2], master_cmd[3::2], strict=True))
+    assert master == f"spark://{option['--host']}:{option['--port']}"
+    assert conf["spark.horovodRunner.masterWebUiUrl"] == f"http://{option['--host']}:{option['--webui-port']}"
+    for worker in ("spark-worker-1", "spark-worker-2"):
+        assert master in shlex.split(services[worker]["command"])
+
+
+def test_the_dockerfile_installs_horovod_through_the_makefiles_script(instructions):
+    script = "install_horovod.py"
+    runs = [i.original for i in instructions if i.cmd == "RUN"]
+    assert any(re.search(rf"python {script}\b", run) for run in runs), runs
+    copies = [i.value for i in instructions if i.cmd == "COPY"]
+    assert any(f"scripts/{script}" in value for value in copies)
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"\$\(PY\) scripts/{script}\b", makefile)
+
+
+def test_the_dockerfile_has_no_amd64_paths_and_dependencies_before_the_source(instructions):
+    text = "\n".join(i.original for i in instructions)  # not the comments
+    assert "amd64" not in text and "/usr/lib/jvm/" not in text
+    env = [i.value for i in instructions if i.cmd == "ENV"]
+    assert any(("JAVA_HOME", "/opt/java") == pair for value in env for pair in zip(value[::2], value[1::2]))
+    source = next(n for n, i in enumerate(instructions) if i.cmd == "COPY" and i.value[0] == ".")
+    dependencies = [n for n, i in enumerate(instructions) if i.cmd == "RUN" and "pip install" in i.original
+                    and "/opt/airflow-provider-hvd" not in i.original]
+    assert dependencies and max(dependencies) < source
+    for i in instructions:  # what the Dockerfile copies is in the repository and in the build context
+        if i.cmd == "COPY" and not any(f.startswith("--from") for f in i.flags):
+            for path in i.value[:-1]:
+                assert (ROOT / path).exists(), path
+
+
+def test_dockerignore_keeps_local_state_out_of_the_image():
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", ".git", "airflow_home"} <= ignored
