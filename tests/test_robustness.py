@@ -5,11 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil

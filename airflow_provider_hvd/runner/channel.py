@@ -12,7 +12,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from .messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Payload, Result, Start, receive, send
+from .messages import Abort, AgentFailed, Done, Hello, LogBatch, Payload, Result, Start, receive, send
 from .wire import AuthenticationError, ConnectionClosed, FrameStream, accept_handshake
 
 log = logging.getLogger("airflow_provider_hvd.runner")

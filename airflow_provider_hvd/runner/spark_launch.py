@@ -8,6 +8,7 @@ import re
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,6 @@ from .outcome import LaunchFailed
 from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 _TASK_FAILURE_POLL_S = 1.0
