@@ -8,9 +8,11 @@ existing Airflow deployment before this package is installed (see the README).
 
 horovod 0.28.1 is the last release and, as published, does not build against torch >= 2.1 (torch's headers
 need C++17). Its PyPI sdist is built with CMAKE_CXX_STANDARD raised to 17, with PyTorch and Gloo and without
-MPI, TensorFlow or MXNet, and the wheel is cached outside the repository under
-``$HVD_WHEEL_CACHE`` (default ``~/.cache/airflow-provider-hvd``) in a folder named by horovod's, torch's and
-Python's versions and the build variant, so that only the first run pays the ~5 minutes.
+MPI, TensorFlow or MXNet; with NCCL for GPU tensors too (HOROVOD_GPU_OPERATIONS=NCCL) when a CUDA toolkit
+(nvcc) and a CUDA build of torch are found, linked against the NCCL that torch brings. The wheel is cached
+outside the repository under ``$HVD_WHEEL_CACHE`` (default ``~/.cache/airflow-provider-hvd``) in a folder
+named by horovod's, torch's and Python's versions and the build variant (``cpu``, ``cuda12.8``), so that
+only the first run pays the ~5 minutes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Target:
     torch_version: str  # torch.__version__, e.g. "2.13.0+cpu"
     torch_cuda: str | None  # torch.version.cuda: None for a CPU-only torch
     py_tag: str  # "cp311"
+    nccl_dir: str | None = None  # the NCCL that a CUDA torch brings (the nvidia-nccl-cu* package), if any
 
 
 @dataclass(frozen=True)
@@ -61,24 +64,45 @@ def cpu_variant() -> Variant:
     })
 
 
+def nccl_variant(target: Target) -> Variant:
+    """Gloo for CPU tensors, NCCL for GPU tensors (shared NCCL: the one torch loads)."""
+    return Variant(
+        f"cuda{target.torch_cuda}",
+        {**cpu_variant().env, "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_NCCL_LINK": "SHARED"},
+    )
+
+
 def choose_variant(target: Target) -> Variant:
-    """The build for ``target``. Only CPU (Gloo) today; a GPU build (HOROVOD_GPU_OPERATIONS=NCCL, when a CUDA
-    toolkit and a CUDA torch are found) is another Variant returned from here, named by its CUDA version."""
+    """NCCL when a CUDA toolkit (nvcc) and a CUDA build of torch are found, else the CPU build (Gloo)."""
+    if target.torch_cuda and shutil.which("nvcc"):
+        return nccl_variant(target)
     return cpu_variant()
+
+
+def nccl_of_torch(target: Target, work: Path) -> dict[str, str]:
+    """Build settings that point Horovod at the NCCL torch brought (pip's nvidia-nccl-cu*), unless told otherwise."""
+    if not target.nccl_dir or os.environ.get("HOROVOD_NCCL_HOME"):
+        return {}
+    lib = work / "nccl-lib"  # the package has libnccl.so.2 only; CMake's find_library(nccl) needs libnccl.so
+    lib.mkdir()
+    (lib / "libnccl.so").symlink_to(Path(target.nccl_dir, "lib", "libnccl.so.2"))
+    return {"HOROVOD_NCCL_INCLUDE": str(Path(target.nccl_dir, "include")), "HOROVOD_NCCL_LIB": str(lib)}
 
 
 def probe(python: str) -> Target:
     code = (
         "import sys, torch; "
         "print(torch.__version__); print(torch.version.cuda or ''); "
-        "print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"
+        "print(f'cp{sys.version_info[0]}{sys.version_info[1]}')\n"
+        "try:\n import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])\n"
+        "except ImportError:\n print('')"
     )
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
         raise InstallError(f"torch must be installed in {python}'s environment before horovod (it is built against "
                            f"it): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
-    torch_version, cuda, py_tag = proc.stdout.split("\n")[:3]
-    return Target(python, torch_version, cuda or None, py_tag)
+    torch_version, cuda, py_tag, nccl_dir = proc.stdout.split("\n")[:4]
+    return Target(python, torch_version, cuda or None, py_tag, nccl_dir or None)
 
 
 def cache_dir(root: Path, target: Target, variant: Variant) -> Path:
@@ -119,7 +143,8 @@ def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
             sdist.extractall(work, filter="data")
         src = work / f"horovod-{HOROVOD_VERSION}"
         raise_cxx_standard(src)
-        env = {**os.environ, **variant.env, "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        nccl = nccl_of_torch(target, work) if "HOROVOD_GPU_OPERATIONS" in variant.env else {}
+        env = {**os.environ, **variant.env, **nccl, "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
         proc = subprocess.run([target.python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                                "-w", str(work / "dist"), str(src)], env=env)
         if proc.returncode != 0:

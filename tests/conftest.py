@@ -27,11 +27,21 @@ import pytest  # noqa: E402
 from spark_cluster import StandaloneCluster  # noqa: E402
 
 
+_session_keys: set[str] = set()
+
+
 def make_session(master: str, **conf: str):
+    """A SparkSession with ``conf`` and nothing of the sessions made before it in this process's JVM."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    if SparkContext._jvm is not None:  # a session's settings stay behind as the JVM's system properties
+        for key in _session_keys:
+            SparkContext._jvm.java.lang.System.clearProperty(key)
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **conf}
+    _session_keys.update(settings)
     builder = SparkSession.builder.master(master).appName("hvd-tests")
-    for key, value in {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **conf}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

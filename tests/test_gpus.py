@@ -6,6 +6,7 @@ A real GPU run is `scripts/gpu_check.sh` (it needs a GPU machine).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,23 @@ def test_spark_ranks_see_the_gpus_spark_gave_their_tasks(gpu_cluster):
         worker = next(part for part in Path(executor_dir).parts if part.startswith("worker-"))
         assert gpu in worker_gpus[worker], (gpu, executor_dir)
     assert sorted(own_gpus(view)) == ["0", "1", "2", "3"]
+
+
+def test_the_horovod_build_takes_nccl_with_a_cuda_torch_and_toolkit(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("install_horovod", Path(__file__).parent.parent / "scripts/install_horovod.py")
+    build = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "install_horovod", build)  # its dataclasses look their module up
+    spec.loader.exec_module(build)
+    cuda_torch = build.Target("python", "2.13.0+cu128", "12.8", "cp311")
+    cpu_torch = build.Target("python", "2.13.0+cpu", None, "cp311")
+    (tmp_path / "nvcc").write_text("#!/bin/sh\n")
+    (tmp_path / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    gpu = build.choose_variant(cuda_torch)
+    assert gpu.name == "cuda12.8" and gpu.env["HOROVOD_GPU_OPERATIONS"] == "NCCL"
+    assert build.choose_variant(cpu_torch).name == "cpu"
+    assert build.cache_dir(tmp_path, cuda_torch, gpu).name.endswith("-cuda12.8")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-toolkit"))
+    assert build.choose_variant(cuda_torch).name == "cpu"
