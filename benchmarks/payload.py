@@ -135,7 +135,8 @@ class DriverTraffic:
     def snapshot(self) -> dict[tuple[Address, Address], int]:
         self.poll()
         with self._lock:
-            return {**{("py", *k): v for k, v in self._python.items()}, **{("jvm", *k): v for k, v in self._jvm_sent.items()}}
+            python = {("py", *key): sent for key, sent in self._python.items()}
+            return {**python, **{("jvm", *key): sent for key, sent in self._jvm_sent.items()}}
 
     def sent_since(self, before: dict[tuple[Address, Address], int]) -> int:
         """Bytes sent since ``before`` (a :meth:`snapshot`) to processes other than the driver's own two."""

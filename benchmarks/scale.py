@@ -93,8 +93,8 @@ _WORST = ("threads", "rss_mb")  # the highest over the rounds, not the median
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    summary = {key: max(r[key] for r in rounds) if key in _WORST else _median([r[key] for r in rounds])
-               for key in rounds[0] if isinstance(rounds[0][key], (int, float)) and not isinstance(rounds[0][key], bool)}
+    numeric = [k for k, v in rounds[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    summary = {k: max(r[k] for r in rounds) if k in _WORST else _median([r[k] for r in rounds]) for k in numeric}
     for key in rounds[0]:
         if isinstance(rounds[0][key], bool):
             summary[key] = all(r[key] for r in rounds)
@@ -138,7 +138,8 @@ def format_table(figures: dict[str, Any]) -> str:
         ))
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "---|" * len(head))
-    goals = f"goal at 1,000: started ≤ {GOALS['started_s']} s, aborted ≤ {GOALS['abort_s']} s, RSS < {GOALS['rss_mb']:.0f} MB"
+    goals = (f"goal at 1,000: started ≤ {GOALS['started_s']} s, aborted ≤ {GOALS['abort_s']} s, "
+             f"RSS < {GOALS['rss_mb']:.0f} MB")
     return "\n".join([f"driver at scale (medians; agents connect over {figures['spread_s']} s)", *lines, goals])
 
 

@@ -100,12 +100,14 @@ class _Agent:
         await asyncio.sleep(self.scenario.connect_spread_s * self.index / self.scenario.agents)
         give_up = self.scenario.give_up_s
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.driver, local_addr=(host, 0)), give_up)
+            connecting = asyncio.open_connection(*self.driver, local_addr=(host, 0))
+            reader, writer = await asyncio.wait_for(connecting, give_up)
         except (OSError, TimeoutError) as exc:
             self.record["error"] = repr(exc)
             return
         try:
-            answer, driver_proof = agent_answer(self.secret, await asyncio.wait_for(reader.readexactly(NONCE_BYTES), give_up))
+            nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), give_up)
+            answer, driver_proof = agent_answer(self.secret, nonce)
             writer.write(answer)
             if await asyncio.wait_for(reader.readexactly(PROOF_BYTES), give_up) != driver_proof:
                 raise RuntimeError("the driver did not prove the secret")

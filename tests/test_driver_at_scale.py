@@ -24,7 +24,9 @@ TESTS = Path(__file__).resolve().parent
 def test_a_thousand_agents_start_and_their_lines_arrive_in_order_per_rank(monkeypatch, caplog):
     monkeypatch.setattr(wire, "HANDSHAKE_TIMEOUT_S", 2.0)
     caplog.set_level(logging.WARNING, logger="airflow_provider_hvd.runner")
-    scenario = Scenario(agents=AGENTS, per_host=4, lines_per_rank=12, lines_per_batch=5, hold_s=5.0, silent=20, garbage=20)
+    scenario = Scenario(
+        agents=AGENTS, per_host=4, lines_per_rank=12, lines_per_batch=5, hold_s=5.0, silent=20, garbage=20
+    )
     with Peaks(threads=threading.active_count) as peaks:
         run = drive(scenario)
     assert run.error is None and run.value == {"ranks": str(AGENTS)}

@@ -3,8 +3,8 @@
 It connects to the driver channel, says where it runs, receives the rank's slot, starts the rank process
 under a reaper (:mod:`.reaper`) with the pickled job on its stdin (the job comes from the launcher, not over
 the channel: a Spark broadcast, or the driver's own copy locally), relays its output as the verbosity says,
-and reports how it ended. It ends the rank when the driver asks (another rank failed, the run was cancelled) or goes away.
-Its own failures are reported to the driver too.
+and reports how it ended. It ends the rank when the driver asks (another rank failed, the run was cancelled)
+or goes away. Its own failures are reported to the driver too.
 """
 
 from __future__ import annotations

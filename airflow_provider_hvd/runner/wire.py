@@ -2,6 +2,8 @@
 
 A frame is ``kind (1 byte) | length (4 bytes, big endian) | payload``. Network connections start with a
 mutual HMAC challenge over a per-run secret; no frame is read from a peer before it has proven the secret.
+:class:`FrameStream` and :func:`connect_handshake` do blocking I/O (agents, rank processes);
+:class:`FrameDecoder` and :class:`DriverHandshake` do none, for the driver's event loop.
 """
 
 from __future__ import annotations
