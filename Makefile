@@ -36,6 +36,8 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/launch.py
 	$(PY) benchmarks/logs.py
+	$(PY) benchmarks/payload.py
+	$(PY) benchmarks/scale.py
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse

@@ -31,13 +31,22 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import psutil  # noqa: E402
 
 from airflow_provider_hvd import HorovodRunner  # noqa: E402
 from airflow_provider_hvd.runner.channel import rank_log  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from peaks import Peaks  # noqa: E402
+
 RANKS = 2
+_PROCESS = psutil.Process()
+
+
+def _peak_rss() -> Peaks:
+    return Peaks(rss=lambda: _PROCESS.memory_info().rss)
 PRINT_CODE = "import sys\nw = sys.stdout.write\nfor i in range({n}):\n    w(f'{{i}}\\n')\n"
 
 
@@ -68,30 +77,6 @@ class Result:
         return self.relayed / self.seconds
 
 
-class _PeakRss:
-    def __init__(self) -> None:
-        self._proc = psutil.Process()
-        self.base = self.peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def __enter__(self) -> _PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def growth_mb(self) -> float:
-        return (self.peak - self.base) / 2**20
-
-
 class _Tally(logging.FileHandler):
     """Writes relayed lines to a file like a task log, and counts them and the reported drops."""
 
@@ -115,7 +100,7 @@ def relay(np: int, lines: int, log_path: str) -> Result:
     rank_log.setLevel(logging.INFO)
     rank_log.propagate = False
     try:
-        with _PeakRss() as rss:
+        with _peak_rss() as rss:
             started = time.perf_counter()
             HorovodRunner(np=np, driver_log_verbosity="all").run(flood, lines=lines)
             seconds = time.perf_counter() - started
@@ -125,7 +110,7 @@ def relay(np: int, lines: int, log_path: str) -> Result:
         handler.close()
     expected = RANKS * lines
     lost = expected - handler.relayed - handler.dropped
-    return Result(f"HorovodRunner(np={np})", seconds, handler.relayed, handler.dropped, lost, rss.growth_mb)
+    return Result(f"HorovodRunner(np={np})", seconds, handler.relayed, handler.dropped, lost, rss.growth("rss") / 2**20)
 
 
 def floor(lines: int, log_path: str) -> Result:
@@ -144,7 +129,7 @@ def floor(lines: int, log_path: str) -> Result:
                     log.write(f"[rank {i}] {line}\n")
                 counts[i] += 1
 
-    with _PeakRss() as rss:
+    with _peak_rss() as rss:
         started = time.perf_counter()
         readers = [threading.Thread(target=read, args=(i, p.stdout)) for i, p in enumerate(procs)]
         for t in readers:
@@ -155,7 +140,7 @@ def floor(lines: int, log_path: str) -> Result:
             p.wait()
         seconds = time.perf_counter() - started
     relayed = sum(counts)
-    return Result("floor (2 processes -> pipes -> file)", seconds, relayed, 0, RANKS * lines - relayed, rss.growth_mb)
+    return Result("floor (2 processes -> pipes -> file)", seconds, relayed, 0, RANKS * lines - relayed, rss.growth("rss") / 2**20)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import pytest
 from airflow_provider_hvd import HorovodRunner, LaunchError
 from conftest import make_session
 from jobs import train_linear
+from test_big_payload import BIG, digests, expected
 from test_rank_logs import progress_bar_and_messages
 
 
@@ -28,6 +29,11 @@ def test_ranks_land_on_two_executors_and_train(cluster_session):
     executor_dirs = {os.path.basename(cwd) for cwd in result["cwds"]}
     assert len(executor_dirs) == 2, f"both ranks ran in one executor: {result['cwds']}"
     assert all("app-" in cwd for cwd in result["cwds"]), result["cwds"]
+
+
+def test_a_200_mb_argument_arrives_intact_on_both_executors(cluster_session):
+    blob = os.urandom(BIG)
+    assert HorovodRunner(np=2).run(digests, blob=blob) == expected(blob, 2)
 
 
 def test_too_many_ranks_for_the_cluster(cluster_session):

@@ -1,9 +1,10 @@
 """The rank agent: one per rank, beside its rank process (a driver thread locally, the barrier task on Spark).
 
-It connects to the driver channel, says where it runs, receives the rank's slot and the pickled job, starts
-the rank process under a reaper (:mod:`.reaper`), relays its output as the verbosity says, and reports how
-it ended. It ends the rank when the driver asks (another rank failed, the run was cancelled) or goes away.
-Its own failures are reported to the driver too.
+It connects to the driver channel, says where it runs, receives the rank's slot, starts the rank process
+under a reaper (:mod:`.reaper`) with the pickled job on its stdin (the job comes from the launcher, not over
+the channel: a Spark broadcast, or the driver's own copy locally), relays its output as the verbosity says,
+and reports how it ended. It ends the rank when the driver asks (another rank failed, the run was cancelled)
+or goes away. Its own failures are reported to the driver too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +31,6 @@ from .messages import (
     Done,
     DriverMessage,
     Hello,
-    Payload,
     RankError,
     RemoteError,
     Result,
@@ -65,7 +66,7 @@ class AgentArgs:
 class _RankProcess:
     """The rank process (under its reaper), its output relay and its control pipe."""
 
-    def __init__(self, rank: int, env: dict[str, str], payload: bytes, args: AgentArgs, outbox: Outbox) -> None:
+    def __init__(self, rank: int, env: dict[str, str], job: bytes, args: AgentArgs, outbox: Outbox) -> None:
         self.rank = rank
         self._args = args
         self._outbox = outbox
@@ -100,7 +101,7 @@ class _RankProcess:
             thread.start()
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(payload)
+            self.proc.stdin.write(job)
             self.proc.stdin.close()
         except BrokenPipeError:
             pass  # it died at once; its exit code tells
@@ -197,10 +198,12 @@ def _watch_driver(stream: FrameStream, rank_process: _RankProcess) -> None:
     rank_process.terminate(reason)
 
 
-def _run_rank(args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, payload: bytes) -> threading.Thread:
+def _run_rank(
+    args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, read_job: Callable[[], bytes]
+) -> threading.Thread:
     env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
     outbox = Outbox(stream)
-    rank_process = _RankProcess(start.rank, env, payload, args, outbox)
+    rank_process = _RankProcess(start.rank, env, read_job(), args, outbox)  # the job is not kept once written
     watcher = threading.Thread(target=_watch_driver, args=(stream, rank_process), name="hvd-agent-watch", daemon=True)
     watcher.start()
     exit_code = rank_process.wait()
@@ -221,8 +224,11 @@ def _run_rank(args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, 
     return watcher
 
 
-def run_agent(args: AgentArgs, hello: Hello | None = None) -> str:
-    """Run one rank under supervision; returns what became of it, in a word."""
+def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | None = None) -> str:
+    """Run one rank under supervision; returns what became of it, in a word.
+
+    ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
+    """
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
     stream = FrameStream.over_socket(sock)
     watcher: threading.Thread | None = None
@@ -235,9 +241,7 @@ def run_agent(args: AgentArgs, hello: Hello | None = None) -> str:
             start = receive(stream)
             if not isinstance(start, Start):
                 return "turned away"  # an Abort: the run has ended, or started without this task
-            payload = receive(stream)
-            assert isinstance(payload, Payload)
-            watcher = _run_rank(args, stream, hello, start, payload.data)
+            watcher = _run_rank(args, stream, hello, start, read_job)
             return "done"
         except (ConnectionClosed, OSError):
             return "lost the driver"

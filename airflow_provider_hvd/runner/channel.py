@@ -1,52 +1,120 @@
 """The driver-side channel: one authenticated TCP connection per rank agent carries hello, logs, result, done.
 
-Bounded: at most :data:`MAX_PENDING_HANDSHAKES` connections may be proving the secret at once (each for at
-most the handshake timeout); more are closed at once. Closing the channel leaves no thread or socket behind.
+One thread serves every connection (a selector loop): a run of 1,000 ranks costs the driver one thread, not
+1,000. A connection must prove the run's secret within the handshake timeout before any frame of it is read;
+at most :data:`MAX_PENDING_HANDSHAKES` may be proving it at once (a silent or garbage connection costs a
+socket and a few bytes, for at most the handshake timeout); more wait in the listen queue until one of those
+is done. The supervisor's few messages (Start, Abort) are written from its own thread. Closing the channel
+leaves no thread or socket behind.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
+import resource
+import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
-from .messages import Abort, AgentFailed, Done, Hello, LogBatch, Payload, Result, Start, receive, send
-from .wire import AuthenticationError, ConnectionClosed, FrameStream, accept_handshake
+from . import wire
+from .messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
+from .wire import AuthenticationError, DriverHandshake, FrameDecoder
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 rank_log = logging.getLogger("airflow_provider_hvd.ranks")
 rank_log.setLevel(logging.INFO)  # on its own level: relayed lines show wherever the application logs anything
 
-MAX_PENDING_HANDSHAKES = 16
+MAX_PENDING_HANDSHAKES = 1024
+LISTEN_BACKLOG = 4096  # (the kernel caps it at net.core.somaxconn)
+SEND_TIMEOUT_S = 30.0  # a Start or an Abort to an agent that reads nothing gives up after this
+_READ_BYTES = 1 << 18
+_FD_PAUSE_S = 0.5
+_EXPIRY_CHECK_S = 0.25
+_SPARE_DESCRIPTORS = 256  # beside the agents' connections: unproven ones, the rendezvous, Spark's, the user's
 
 
 class AgentConnection:
     """The driver's end of one agent's connection."""
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(self, sock: socket.socket, peer: str, handshake: DriverHandshake) -> None:
         self.peer = peer
-        self.stream = FrameStream.over_socket(sock)
+        self.sock = sock
+        self._send_lock = threading.Lock()  # the supervisor writes; the channel's loop reads and closes
+        self._closed = False
         self.rank: int | None = None
         self.hello: Hello | None = None
         self.result: bytes | None = None
         self.done: Done | None = None
         self.lines_dropped = 0
+        self.handshake: DriverHandshake | None = handshake  # None once the agent has proven the secret
+        self.handshake_deadline = time.monotonic() + wire.HANDSHAKE_TIMEOUT_S
+        self._answer = bytearray()
+        self.decoder = FrameDecoder()
 
     def where(self) -> str:
         return self.hello.where() if self.hello else f"at {self.peer}"
 
-    def start(self, start: Start, payload: bytes) -> None:
+    def _send(self, message: Message) -> None:
+        data = frame(message)
+        with self._send_lock:
+            if self._closed:
+                raise ConnectionResetError("the connection is closed")
+            self.sock.sendall(data)
+
+    def start(self, start: Start) -> None:
         self.rank = start.rank
-        send(self.stream, start)
-        send(self.stream, Payload(payload))
+        self._send(start)
 
     def abort(self, reason: str) -> None:
         try:
-            send(self.stream, Abort(reason))
+            self._send(Abort(reason))
         except OSError:
             pass  # already gone
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # a send in progress fails at once
+        except OSError:
+            pass
+        with self._send_lock:
+            self._closed = True
+            self.sock.close()
+
+    def take_answer(self, data: bytes) -> bytes | None:
+        """Collect the agent's handshake answer; once whole, verify it and return the bytes after it."""
+        assert self.handshake is not None
+        need = DriverHandshake.ANSWER_BYTES - len(self._answer)
+        self._answer += data[:need]
+        if len(self._answer) < DriverHandshake.ANSWER_BYTES:
+            return None
+        self.sock.sendall(self.handshake.verify(bytes(self._answer)))
+        self.handshake = None
+        return data[need:]
+
+
+def make_room_for_connections(count: int) -> None:
+    """Raise this process's soft limit on open files, up to its hard limit, if ``count`` more connections
+    would not fit under it (the common default of 1,024 does not hold a run of 1,000 ranks)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc (macOS)
+        open_now = 0
+    needed = open_now + count + _SPARE_DESCRIPTORS
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < needed:
+        log.warning(
+            "HorovodRunner: this process may open %d files (its hard limit), and %d agent connections need about "
+            "%d: raise the limit (ulimit -n) for runs this large", hard, count, needed,
+        )
 
 
 @dataclass(frozen=True)
@@ -61,76 +129,173 @@ class ChannelEvent:
 class DriverChannel:
     """Listens on ``host`` for agents that prove ``secret``; control events go to ``events``, logs to logging."""
 
-    def __init__(self, host: str, secret: bytes) -> None:
+    def __init__(self, host: str, secret: bytes, agents: int = 0) -> None:
+        make_room_for_connections(agents)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
         self._secret = secret
-        self._socks: dict[threading.Thread, socket.socket] = {}  # each connection's, by the thread serving it
-        self._lock = threading.Lock()
-        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._selector = selectors.DefaultSelector()
+        self._pending = 0  # connections still proving the secret
         self._closed = False
-        self._listener = socket.create_server((host, 0), backlog=128)
+        self._listening = True
+        self._fd_pause_until = 0.0  # out of file descriptors: accepting resumes then
+        self._warned_full = False
+        self._listener = socket.create_server((host, 0), backlog=LISTEN_BACKLOG)
+        self._listener.setblocking(False)
         self.host, self.port = self._listener.getsockname()[:2]
-        self._acceptor = threading.Thread(target=self._accept_loop, name="hvd-channel-accept", daemon=True)
-        self._acceptor.start()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._serve, name="hvd-channel", daemon=True)
+        self._thread.start()
 
-    def _accept_loop(self) -> None:
-        while True:
+    # the loop (its own thread)
+
+    def _serve(self) -> None:
+        try:
+            while not self._closed:
+                for key, _ in self._selector.select(self._select_timeout()):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is not self._wake_r:
+                        self._on_readable(key.data)
+                self._expire_handshakes()
+                self._update_listening()
+        finally:
+            for key in list(self._selector.get_map().values()):
+                if isinstance(key.data, AgentConnection):
+                    self._drop(key.data)  # agents still running see the end and end their ranks
+            self._selector.close()
+            self._listener.close()  # connections still in its queue are refused
+            self._wake_r.close()
+
+    def _select_timeout(self) -> float | None:
+        timeouts = [_EXPIRY_CHECK_S] if self._pending else []  # often enough to close unproven connections on time
+        if self._fd_pause_until:
+            timeouts.append(max(0.0, self._fd_pause_until - time.monotonic()))
+        return min(timeouts, default=None)
+
+    def _update_listening(self) -> None:
+        """Accept while fewer than the most connections are proving the secret (the others wait in the listen
+        queue, not dropped: a burst of agents is only delayed) and while file descriptors are left."""
+        if self._fd_pause_until and time.monotonic() >= self._fd_pause_until:
+            self._fd_pause_until = 0.0
+        listen = self._pending < MAX_PENDING_HANDSHAKES and not self._fd_pause_until
+        if listen != self._listening:
+            if listen:
+                self._selector.register(self._listener, selectors.EVENT_READ)
+            else:
+                self._selector.unregister(self._listener)
+            self._listening = listen
+        if self._pending >= MAX_PENDING_HANDSHAKES and not self._warned_full:
+            self._warned_full = True
+            log.warning(
+                "HorovodRunner: %d connections are proving the secret at once, the most the driver channel serves "
+                "together; more wait until one does or times out (%.0fs)", self._pending, wire.HANDSHAKE_TIMEOUT_S,
+            )
+
+    def _accept(self) -> None:
+        while self._pending < MAX_PENDING_HANDSHAKES:
             try:
                 sock, addr = self._listener.accept()
-            except OSError:
-                return  # closed
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.error("HorovodRunner: the driver cannot accept more agent connections for now: %s", exc)
+                    self._fd_pause_until = time.monotonic() + _FD_PAUSE_S
+                return  # (ECONNABORTED and the like: that connection is gone)
             peer = f"{addr[0]}:{addr[1]}"
-            if not self._handshakes.acquire(blocking=False):
-                log.warning("HorovodRunner: dropped a connection from %s: too many unproven connections", peer)
+            sock.settimeout(SEND_TIMEOUT_S)  # reads happen only when the selector says there is data
+            conn = AgentConnection(sock, peer, DriverHandshake(self._secret))
+            try:
+                sock.sendall(conn.handshake.nonce)  # type: ignore[union-attr]
+            except OSError:
                 sock.close()
                 continue
-            thread = threading.Thread(target=self._serve, args=(sock, peer), name="hvd-channel-conn", daemon=True)
-            with self._lock:
-                if self._closed:
-                    sock.close()
-                    return
-                self._socks[thread] = sock
-                thread.start()
+            self._pending += 1
+            self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
-        conn = AgentConnection(sock, peer)
-        try:
-            try:
-                accept_handshake(sock, self._secret)
-            except (AuthenticationError, OSError) as exc:
-                if not self._closed:
-                    log.warning("HorovodRunner: rejected a connection from %s to the driver channel: %s", peer, exc)
-                return
-            finally:
-                self._handshakes.release()
-            self._read_until_done(conn)
-        finally:
-            conn.stream.close()
-            with self._lock:
-                self._socks.pop(threading.current_thread(), None)
+    def _expire_handshakes(self) -> None:
+        if not self._pending:
+            return
+        now = time.monotonic()
+        for key in list(self._selector.get_map().values()):
+            conn = key.data
+            if isinstance(conn, AgentConnection) and conn.handshake is not None and now > conn.handshake_deadline:
+                self._reject(conn, "it did not prove this run's secret in time")
 
-    def _read_until_done(self, conn: AgentConnection) -> None:
+    def _reject(self, conn: AgentConnection, why: object) -> None:
+        if not self._closed:
+            log.warning("HorovodRunner: rejected a connection from %s to the driver channel: %s", conn.peer, why)
+        self._drop(conn)
+
+    def _drop(self, conn: AgentConnection) -> None:
+        if conn.handshake is not None:
+            self._pending -= 1
+            conn.handshake = None
+        self._selector.unregister(conn.sock)
+        conn.close()
+
+    def _on_readable(self, conn: AgentConnection) -> None:
         try:
-            while True:
-                message = receive(conn.stream)
-                if isinstance(message, LogBatch):
-                    self._relay(conn, message)
-                elif isinstance(message, Result):
-                    conn.result = message.data
-                elif isinstance(message, Hello):
-                    conn.hello = message
-                    self.events.put(ChannelEvent(conn, message))
-                elif isinstance(message, (Done, AgentFailed)):
-                    conn.done = message if isinstance(message, Done) else None
-                    self.events.put(ChannelEvent(conn, message))
+            data = conn.sock.recv(_READ_BYTES)
+        except OSError as exc:
+            data, error = b"", exc
+        else:
+            error = None
+        if conn.handshake is not None:
+            self._on_handshake_data(conn, data, error)
+            return
+        if not data:
+            self._lost(conn, str(error) if error else "the connection was closed")
+            return
+        self._on_frames(conn, data)
+
+    def _on_handshake_data(self, conn: AgentConnection, data: bytes, error: OSError | None) -> None:
+        if not data:
+            self._reject(conn, error or "connection closed during the handshake")
+            return
+        try:
+            rest = conn.take_answer(data)
+        except (AuthenticationError, OSError) as exc:
+            self._reject(conn, exc)
+            return
+        if rest is not None:
+            self._pending -= 1
+            if rest:
+                self._on_frames(conn, rest)
+
+    def _on_frames(self, conn: AgentConnection, data: bytes) -> None:
+        try:
+            for kind, body in conn.decoder.feed(data):
+                if self._on_message(conn, decode(kind, body)):
+                    self._drop(conn)
                     return
-                else:
-                    raise ValueError(f"an agent does not send {type(message).__name__}")
-        except (ConnectionClosed, OSError) as exc:
-            self.events.put(ChannelEvent(conn, None, lost=str(exc) or type(exc).__name__))
         except Exception as exc:  # noqa: BLE001 - a malformed frame from an authenticated agent is a bug: say so
             log.exception("HorovodRunner: broken frame from the agent at %s", conn.peer)
-            self.events.put(ChannelEvent(conn, None, lost=f"broken frame: {exc!r}"))
+            self._lost(conn, f"broken frame: {exc!r}")
+
+    def _on_message(self, conn: AgentConnection, message: Message) -> bool:
+        """Take one message; True when it is the agent's last."""
+        if isinstance(message, LogBatch):
+            self._relay(conn, message)
+        elif isinstance(message, Result):
+            conn.result = message.data
+        elif isinstance(message, Hello):
+            conn.hello = message
+            self.events.put(ChannelEvent(conn, message))
+        elif isinstance(message, (Done, AgentFailed)):
+            conn.done = message if isinstance(message, Done) else None
+            self.events.put(ChannelEvent(conn, message))
+            return True
+        else:
+            raise ValueError(f"an agent does not send {type(message).__name__}")
+        return False
+
+    def _lost(self, conn: AgentConnection, why: str) -> None:
+        self._drop(conn)
+        self.events.put(ChannelEvent(conn, None, lost=why))
 
     @staticmethod
     def _relay(conn: AgentConnection, batch: LogBatch) -> None:
@@ -144,20 +309,11 @@ class DriverChannel:
             rank_log.info("[rank %s] %s", conn.rank, text)
 
     def close(self) -> None:
-        """Stop listening and close every connection (agents still running end their ranks); wait for the threads."""
-        with self._lock:
-            self._closed = True
-            open_connections = dict(self._socks)
+        """Stop listening and close every connection (agents still running end their ranks); wait for the loop."""
+        self._closed = True
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress
+            self._wake_w.send(b"x")
         except OSError:
             pass
-        self._listener.close()
-        self._acceptor.join()
-        for sock in open_connections.values():
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread reading it, which closes it
-            except OSError:
-                pass
-        for thread in open_connections:
-            thread.join()
+        self._thread.join()
+        self._wake_w.close()

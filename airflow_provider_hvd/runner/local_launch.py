@@ -1,4 +1,7 @@
-"""Local strategy (``np < 0``): the rank agents run as threads of the driver, their ranks on this host."""
+"""Local strategy (``np < 0``): the rank agents run as threads of the driver, their ranks on this host.
+
+The agents share the driver's one copy of the pickled job: each writes it to its rank's stdin.
+"""
 
 from __future__ import annotations
 
@@ -42,16 +45,16 @@ class LocalLauncher:
             host, port, secret, relay_output=True, echo_output=False, keep_omp_threads="OMP_NUM_THREADS" in os.environ
         )
 
-    def _agent(self, args: AgentArgs, index: int) -> None:
+    def _agent(self, args: AgentArgs, index: int, payload: bytes) -> None:
         gpus = {GPU: [self.gpus[index]]} if self.gpus else {}
         try:
-            run_agent(args, Hello(host="", pid=os.getpid(), partition=index, resources=gpus))
+            run_agent(args, lambda: payload, Hello(host="", pid=os.getpid(), partition=index, resources=gpus))
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = self._failure or exc
 
-    def start(self, args: AgentArgs) -> None:
+    def start(self, args: AgentArgs, payload: bytes) -> None:
         self._threads = [
-            threading.Thread(target=self._agent, args=(args, i), name=f"hvd-local-agent-{i}", daemon=True)
+            threading.Thread(target=self._agent, args=(args, i, payload), name=f"hvd-local-agent-{i}", daemon=True)
             for i in range(self.size)
         ]
         for thread in self._threads:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .wire import FrameStream, Kind
+from .wire import FrameStream, Kind, frame_header
 
 
 @dataclass(frozen=True)
@@ -143,13 +143,6 @@ class Start(Message):
 
 
 @dataclass(frozen=True)
-class Payload(RawMessage):
-    """The pickled job: (main, args, kwargs)."""
-
-    KIND: ClassVar[Kind] = Kind.PAYLOAD
-
-
-@dataclass(frozen=True)
 class Abort(Message):
     KIND: ClassVar[Kind] = Kind.ABORT
     reason: str
@@ -176,7 +169,7 @@ class DriverMessage(Message):
 
 _BY_KIND: dict[Kind, type[Message]] = {
     cls.KIND: cls
-    for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Payload, Abort, RankError, DriverMessage)
+    for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Abort, RankError, DriverMessage)
 }
 
 
@@ -184,7 +177,17 @@ def send(stream: FrameStream, message: Message) -> None:
     stream.send(message.KIND, message.encode())
 
 
+def frame(message: Message) -> bytes:
+    """``message`` as one frame's bytes (for writers that do not go through a :class:`~.wire.FrameStream`)."""
+    body = message.encode()
+    return frame_header(message.KIND, len(body)) + body
+
+
+def decode(kind: Kind, data: bytes) -> Message:
+    """The message a frame of ``kind`` carries."""
+    return _BY_KIND[kind].decode(data)
+
+
 def receive(stream: FrameStream) -> Message:
     """The next message; :class:`~.wire.ConnectionClosed` at the end of the stream."""
-    kind, data = stream.recv()
-    return _BY_KIND[kind].decode(data)
+    return decode(*stream.recv())

@@ -17,6 +17,9 @@ from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancell
 from .messages import Done, RemoteError
 
 
+OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
+
+
 class Phase(enum.Enum):
     STARTING = "starting"  # agents are saying hello; no rank process yet
     RUNNING = "running"  # every rank was started
@@ -213,7 +216,10 @@ class RunOutcome:
     ) -> RankFailedError:
         others = self._collateral_lines()
         if others:
-            text += "\n--- other ranks ---\n" + "\n".join(others)
+            shown = others[:OTHERS_SHOWN]
+            if len(others) > OTHERS_SHOWN:  # a run of 1,000 ranks: the error stays readable
+                shown.append(f"... and {len(others) - OTHERS_SHOWN} more (all in the error's other_failures)")
+            text += "\n--- other ranks ---\n" + "\n".join(shown)
         return RankFailedError(
             text, rank=rank, exit_code=exit_code, remote_traceback=traceback, output_tail=tail, other_failures=others
         )

@@ -1,8 +1,9 @@
 """Pickling the job once, with the user's own modules by value so that ranks need not import them.
 
 Before anything starts, the job's size is logged, a large job is warned about with its largest parts, and
-a job that cannot be pickled, or that no frame of the driver channel can carry, is refused with where the
-problem sits and what to do instead.
+a job that cannot be pickled is refused with where the problem sits and what to do instead. The job does not
+travel over the driver channel (see the launchers), so no frame limit applies to it; rank 0's result does
+travel in one frame, and :func:`check_fits_frame` refuses one that is too large.
 """
 
 from __future__ import annotations
@@ -115,14 +116,13 @@ def _check_size(
         format_size(size), getattr(fn, "__qualname__", type_name(fn)), format_size(main_size),
         format_size(max(size - main_size, 0)),
     )
-    if size <= warn_bytes and size <= max_frame_bytes():
+    if size <= warn_bytes:
         return
     largest = largest_parts(job_roots(fn, args, kwargs))
     largest = largest[:1] + [(path, n) for path, n in largest[1:] if n * 100 >= size]  # not the crumbs
     parts = "; ".join(f"{path}: {format_size(n)}" for path, n in largest)
-    check_fits_frame(size, "the job (main and its arguments)", f"{_INSTEAD}. Largest parts: {parts}")
     log.warning(
-        "HorovodRunner: the pickled job is %s (over %s): it is sent to every rank before it starts, which "
+        "HorovodRunner: the pickled job is %s (over %s): every rank loads it before it starts, which "
         "slows the start. Largest parts: %s. To make it smaller, %s",
         format_size(size), format_size(warn_bytes), parts, _INSTEAD,
     )
@@ -136,7 +136,7 @@ def dumps_job(
     Notebooks, scripts, test files and Airflow DAG files (imported under names that executors cannot
     import) are thus shipped with the job; installed packages are imported by the ranks. Logs the sizes
     (a warning naming the largest parts above ``warn_bytes``); raises ``TypeError`` naming where an
-    unpicklable object sits, ``ValueError`` for a job larger than a frame of the driver channel.
+    unpicklable object sits.
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     by_value = [module] if module is not None and not is_installed(module) else []

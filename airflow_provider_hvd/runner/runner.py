@@ -122,10 +122,12 @@ class HorovodRunner:
                     active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
                 )
             launcher.check_slots()
+            supervisor = Supervisor(
+                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
+            )
+            del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             with _rank_logs_visible():
-                return Supervisor(
-                    launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
-                ).run()
+                return supervisor.run()
         finally:
             self._runs.remove(run)
 

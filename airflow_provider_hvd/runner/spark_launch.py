@@ -1,4 +1,8 @@
-"""Spark strategy (``np > 0``): a barrier job of ``np`` tasks, each running one rank agent."""
+"""Spark strategy (``np > 0``): a barrier job of ``np`` tasks, each running one rank agent.
+
+The pickled job travels as a Spark broadcast: the driver hands it to Spark once, each executor fetches it
+once (from the driver or from other executors) and the ranks on that executor read that local copy.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from .outcome import LaunchFailed
 from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
 
 if TYPE_CHECKING:
+    from pyspark import Broadcast
     from pyspark.sql import SparkSession
 
 _TASK_FAILURE_POLL_S = 1.0
@@ -70,7 +75,16 @@ def active_session() -> SparkSession:
     return spark
 
 
-def _barrier_task(args: AgentArgs) -> Callable[[Iterator[Any]], Iterator[str]]:
+def read_broadcast(payload: Broadcast[bytes]) -> bytes:
+    """The job from this executor's copy of the broadcast, not cached in this Python worker afterwards."""
+    job = payload.value
+    # pyspark caches the value in the Python worker, which Spark reuses for later tasks: no copy of the job
+    # should stay there while the rank trains, nor after the run
+    vars(payload).pop("_value", None)
+    return job
+
+
+def _barrier_task(args: AgentArgs, payload: Broadcast[bytes]) -> Callable[[Iterator[Any]], Iterator[str]]:
     def task(_: Iterator[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
 
@@ -84,7 +98,7 @@ def _barrier_task(args: AgentArgs) -> Callable[[Iterator[Any]], Iterator[str]]:
             cpus=ctx.cpus(),
             resources={name: list(info.addresses) for name, info in ctx.resources().items()},
         )
-        yield json.dumps(run_agent(args, hello))
+        yield json.dumps(run_agent(args, lambda: read_broadcast(payload), hello))
 
     return task
 
@@ -109,6 +123,7 @@ class SparkLauncher:
             self.sc.getConf().get("spark.driver.host") or socket.gethostname()
         )
         self._thread: threading.Thread | None = None
+        self._payload: Broadcast[bytes] | None = None
         self._failure: BaseException | None = None
         self._task_failure: LaunchFailed | None = None
         self._next_poll = 0.0
@@ -127,16 +142,18 @@ class SparkLauncher:
             keep_omp_threads=self.sc.getConf().get("spark.executorEnv.OMP_NUM_THREADS") is not None,
         )
 
-    def _run_job(self, args: AgentArgs) -> None:
+    def _run_job(self, task: Callable[[Iterator[Any]], Iterator[str]]) -> None:
         try:
             self.sc.setJobGroup(self.group, f"HorovodRunner: {self.size} ranks", interruptOnCancel=True)
             rdd = self.sc.parallelize(range(self.size), self.size)
-            rdd.barrier().mapPartitions(_barrier_task(args)).collect()
+            rdd.barrier().mapPartitions(task).collect()
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = exc
 
-    def start(self, args: AgentArgs) -> None:
-        self._thread = threading.Thread(target=self._run_job, args=(args,), name="hvd-spark-job", daemon=True)
+    def start(self, args: AgentArgs, payload: bytes) -> None:
+        self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept
+        task = _barrier_task(args, self._payload)
+        self._thread = threading.Thread(target=self._run_job, args=(task,), name="hvd-spark-job", daemon=True)
         self._thread.start()
 
     def failure(self) -> LaunchFailed | None:
@@ -187,3 +204,9 @@ class SparkLauncher:
         if self._thread.is_alive():
             self.sc.cancelJobGroup(self.group)
         self._thread.join(timeout=60)
+        if self._payload is not None:
+            try:
+                self._payload.destroy()  # the driver's and the executors' copies
+            except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
+                pass
+            self._payload = None

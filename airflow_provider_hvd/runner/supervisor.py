@@ -49,7 +49,8 @@ class Launcher(Protocol):
     def describe(self) -> str: ...
     def check_slots(self) -> None: ...
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs: ...
-    def start(self, args: AgentArgs) -> None: ...
+    def start(self, args: AgentArgs, payload: bytes) -> None:
+        """Start the agents; each hands ``payload`` (the pickled job) to its rank. Keep no copy not needed."""
     def failure(self) -> LaunchFailed | None: ...
     def task_failure(self, task: tuple[int, int]) -> str | None: ...
     def stop(self, cancel: bool) -> None: ...
@@ -68,7 +69,7 @@ class Supervisor:
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
-        self._payload = payload
+        self._payload: bytes | None = payload  # handed to the launcher at start, not kept
         self._verbosity = verbosity
         self._cancelled = cancelled
         self._start_timeout_s = start_timeout_s
@@ -79,10 +80,13 @@ class Supervisor:
 
     def run(self) -> Any:
         secret = new_secret()
-        channel = DriverChannel(self.launcher.driver_host, secret)
+        channel = DriverChannel(self.launcher.driver_host, secret, agents=self.size)
         log.info("HorovodRunner: driver channel on %s:%d", channel.host, channel.port)
         try:
-            self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity))
+            payload, self._payload = self._payload, None
+            assert payload is not None, "a Supervisor runs once"
+            self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity), payload)
+            del payload
             self._watch(channel)
         finally:
             channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
@@ -172,7 +176,7 @@ class Supervisor:
         for conn, slot, seen in zip(self._agents, plan, gpus):
             start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous)}, slot.local_size, seen)
             try:
-                conn.start(start, self._payload)
+                conn.start(start)
             except OSError:
                 pass  # it is gone: its connection's end is on its way as an event
         self._outcome.started()

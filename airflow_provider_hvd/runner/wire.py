@@ -2,6 +2,8 @@
 
 A frame is ``kind (1 byte) | length (4 bytes, big endian) | payload``. Network connections start with a
 mutual HMAC challenge over a per-run secret; no frame is read from a peer before it has proven the secret.
+:class:`FrameStream` and :func:`connect_handshake` do blocking I/O (agents, rank processes);
+:class:`FrameDecoder` and :class:`DriverHandshake` do none, for the driver's event loop.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import threading
 from typing import Any, BinaryIO
 
 _HEADER = struct.Struct("!BI")
-_NONCE_BYTES = 32
-_DIGEST_BYTES = hashlib.sha256().digest_size
+NONCE_BYTES = 32
+PROOF_BYTES = hashlib.sha256().digest_size
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 1 << 31
+_COALESCE_BYTES = 64 << 10  # frames up to this size are written with one call
 
 
 class Kind(enum.IntEnum):
@@ -34,7 +37,6 @@ class Kind(enum.IntEnum):
     AGENT_FAILED = 5
     # driver -> agent
     START = 10
-    PAYLOAD = 11
     ABORT = 12
     # rank process -> agent (control pipe)
     ERROR = 20
@@ -51,6 +53,49 @@ class AuthenticationError(ConnectionError):
 
 def new_secret() -> bytes:
     return secrets.token_bytes(32)
+
+
+def frame_header(kind: Kind, length: int) -> bytes:
+    return _HEADER.pack(kind, length)
+
+
+class FrameDecoder:
+    """Frames out of a byte stream that arrives in pieces (the driver reads its connections without blocking).
+
+    A frame's body is collected in one buffer of its announced length: a large body is never copied whole.
+    """
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._kind: Kind | None = None
+        self._body: bytearray | None = None
+        self._got = 0
+
+    def feed(self, data: bytes | memoryview) -> list[tuple[Kind, bytes | bytearray]]:
+        """The frames that ``data`` completes; ``ValueError`` for an unknown kind or an oversized frame."""
+        frames: list[tuple[Kind, bytes | bytearray]] = []
+        view = memoryview(data)
+        while view:
+            if self._body is None:
+                take = _HEADER.size - len(self._head)
+                self._head += view[:take]
+                view = view[take:]
+                if len(self._head) < _HEADER.size:
+                    break
+                kind, length = _HEADER.unpack(self._head)
+                self._head.clear()
+                if length > MAX_FRAME_BYTES:
+                    raise ValueError(f"frame of {length} bytes is larger than allowed")
+                self._kind, self._body, self._got = Kind(kind), bytearray(length), 0
+            take = min(len(self._body) - self._got, len(view))
+            self._body[self._got : self._got + take] = view[:take]
+            self._got += take
+            view = view[take:]
+            if self._got == len(self._body):
+                assert self._kind is not None
+                frames.append((self._kind, self._body))
+                self._kind, self._body = None, None
+        return frames
 
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:
@@ -88,9 +133,13 @@ class FrameStream:
             self._reader.close()
 
     def send(self, kind: Kind, payload: bytes = b"") -> None:
-        frame = _HEADER.pack(kind, len(payload)) + payload
+        header = frame_header(kind, len(payload))
         with self._lock:
-            self._write(frame)
+            if len(payload) <= _COALESCE_BYTES:
+                self._write(header + payload)
+            else:  # a large payload (a pickled result) goes as it is: no copy of it with the header in front
+                self._write(header)
+                self._write(payload)
 
     def recv(self) -> tuple[Kind, bytes]:
         kind, length = _HEADER.unpack(_read_exact(self._reader, _HEADER.size))
@@ -101,6 +150,31 @@ class FrameStream:
 
 def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(secret, label + b"".join(parts), hashlib.sha256).digest()
+
+
+class DriverHandshake:
+    """The driver's side of the handshake, without I/O: send :attr:`nonce`; the agent answers with
+    :data:`ANSWER_BYTES` bytes (its nonce and its proof of the secret); :meth:`verify` returns the driver's
+    proof to send back, or raises :class:`AuthenticationError`."""
+
+    ANSWER_BYTES = NONCE_BYTES + PROOF_BYTES
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self.nonce = os.urandom(NONCE_BYTES)
+
+    def verify(self, answer: bytes) -> bytes:
+        client_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES : self.ANSWER_BYTES]
+        if not hmac.compare_digest(proof, _mac(self._secret, b"agent", self.nonce, client_nonce)):
+            raise AuthenticationError("the peer did not prove this run's secret")
+        return _mac(self._secret, b"driver", client_nonce, self.nonce)
+
+
+def agent_answer(secret: bytes, server_nonce: bytes) -> tuple[bytes, bytes]:
+    """The agent's side, without I/O: its answer to the driver's nonce, and the proof the driver must send back."""
+    client_nonce = os.urandom(NONCE_BYTES)
+    answer = client_nonce + _mac(secret, b"agent", server_nonce, client_nonce)
+    return answer, _mac(secret, b"driver", client_nonce, server_nonce)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -114,25 +188,12 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def accept_handshake(sock: socket.socket, secret: bytes) -> None:
-    """Driver side: the agent must prove the secret first; then the driver proves it back."""
-    sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    server_nonce = os.urandom(_NONCE_BYTES)
-    sock.sendall(server_nonce)
-    client_nonce = _recv_exact(sock, _NONCE_BYTES)
-    proof = _recv_exact(sock, _DIGEST_BYTES)
-    if not hmac.compare_digest(proof, _mac(secret, b"agent", server_nonce, client_nonce)):
-        raise AuthenticationError("the peer did not prove this run's secret")
-    sock.sendall(_mac(secret, b"driver", client_nonce, server_nonce))
-    sock.settimeout(None)
-
-
 def connect_handshake(sock: socket.socket, secret: bytes) -> None:
-    """Agent side of :func:`accept_handshake`."""
+    """Agent side of the mutual HMAC challenge: it proves the secret first; then the driver proves it back."""
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    server_nonce = _recv_exact(sock, _NONCE_BYTES)
-    client_nonce = os.urandom(_NONCE_BYTES)
-    sock.sendall(client_nonce + _mac(secret, b"agent", server_nonce, client_nonce))
-    if not hmac.compare_digest(_recv_exact(sock, _DIGEST_BYTES), _mac(secret, b"driver", client_nonce, server_nonce)):
+    answer, driver_proof = agent_answer(secret, _recv_exact(sock, NONCE_BYTES))
+    sock.sendall(answer)
+    if not hmac.compare_digest(_recv_exact(sock, PROOF_BYTES), driver_proof):
         raise AuthenticationError("the driver did not prove this run's secret")
     sock.settimeout(None)
+
