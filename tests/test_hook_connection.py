@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import traceback
 
 import pytest
@@ -124,3 +125,41 @@ def test_a_spark_session_that_cannot_start_names_the_connection_and_master(monke
         HorovodHook("spark_test").run(print, np=2)
     shown = "".join(traceback.format_exception(failure.value))  # what the task log shows
     assert "\tat " not in shown and "Py4J" not in shown and shown.count("Error: ") == 1, shown
+
+
+def hold_a_rank(seconds: float) -> float:
+    import time
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    time.sleep(seconds)
+    return seconds
+
+
+def test_two_jobs_at_once_share_the_hooks_spark_session(monkeypatch):
+    """Notebooks and services run hooks in threads: the first job to end must not stop the other's Spark."""
+    import threading
+
+    from pyspark import SparkContext
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_SHARED", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    results: dict[float, object] = {}
+
+    def run(seconds: float) -> None:
+        try:
+            results[seconds] = HorovodHook("spark_shared").run(hold_a_rank, kwargs={"seconds": seconds}, np=1)
+        except Exception as exc:  # noqa: BLE001
+            results[seconds] = exc
+
+    first = threading.Thread(target=run, args=(4.0,))  # starts the session, and ends first
+    first.start()
+    deadline = time.monotonic() + 60
+    while SparkContext._active_spark_context is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = threading.Thread(target=run, args=(12.0,))
+    second.start()
+    for thread in (first, second):
+        thread.join(120)
+    assert results == {4.0: 4.0, 12.0: 12.0}
+    assert SparkContext._active_spark_context is None and SparkContext._gateway is None  # the last one out stopped it

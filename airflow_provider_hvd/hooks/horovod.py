@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,18 @@ if TYPE_CHECKING:
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
 _EXTRA_TO_CONF = {"queue": "spark.yarn.queue", "namespace": "spark.kubernetes.namespace"}
+
+
+class _SharedSession:
+    """The SparkSession that hooks started in this process, kept while any hook's job runs on it.
+
+    Spark allows one SparkContext per process; hooks running jobs at once (threads of a notebook or a
+    service) share it, and the last one to finish stops it and the JVM started for it.
+    """
+
+    lock = threading.Lock()
+    users = 0
+    gateway: JavaGateway | None = None
 
 
 def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
@@ -191,16 +204,38 @@ class HorovodHook(BaseHook):
         )
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})
-        spark, owned = self._session()
+        spark, shared = self._join_session()
         sc = spark.sparkContext
         self.ui_url = application_ui_url(sc, self.history_server)
         self.log.info("Spark master %s, application %s, UI %s", sc.master, sc.applicationId, self.ui_url or "-")
         try:
             return self._runner.run_with_args(python_callable, args, kwargs or {})
         finally:
-            if owned:
+            if shared:
+                self._leave_session(spark)
+
+    def _join_session(self) -> tuple[SparkSession, bool]:
+        """The session for a job, and whether it is the one hooks share (a SparkContext the user started is not)."""
+        with _SharedSession.lock:
+            spark, started = self._session()
+            if started:
+                _SharedSession.gateway, self._gateway = self._gateway, None
+                _SharedSession.users = 1
+                return spark, True
+            if _SharedSession.users:  # the running SparkContext is the one hooks share
+                _SharedSession.users += 1
+                return spark, True
+            return spark, False  # the application's own SparkContext: it stops it
+
+    @staticmethod
+    def _leave_session(spark: SparkSession) -> None:
+        with _SharedSession.lock:
+            _SharedSession.users -= 1
+            if _SharedSession.users == 0:
                 spark.stop()
-                self.stop()
+                if _SharedSession.gateway is not None:
+                    stop_gateway(_SharedSession.gateway)
+                    _SharedSession.gateway = None
 
     def stop(self) -> None:
         """End the Spark driver's JVM if this hook started it (its SparkContext must have stopped)."""
