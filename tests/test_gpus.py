@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def gpu_cluster(tmp_path_factory):
 def test_spark_ranks_see_the_gpus_spark_gave_their_tasks(gpu_cluster):
     spark = make_session(gpu_cluster.url, **{
         "spark.executor.cores": "2", "spark.cores.max": "4",
-        "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "1",
+        "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "1", **gpu_cluster.app_conf,
     })
     try:
         view = HorovodRunner(np=4).run(cuda_view)
@@ -131,3 +132,21 @@ def test_the_horovod_build_takes_nccl_with_a_cuda_torch_and_toolkit(tmp_path, mo
     assert build.cache_dir(tmp_path, cuda_torch, gpu).name.endswith("-cuda12.8")
     monkeypatch.setenv("PATH", str(tmp_path / "no-toolkit"))
     assert build.choose_variant(cuda_torch).name == "cpu"
+
+
+def test_gpus_that_limit_np_are_named_and_a_task_with_two_sees_its_own(gpu_cluster):
+    spark = make_session(gpu_cluster.url, **{
+        "spark.executor.cores": "2", "spark.cores.max": "4",
+        "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "2", **gpu_cluster.app_conf,
+    })
+    try:
+        started = time.monotonic()
+        with pytest.raises(LaunchError, match=r"has 2 at most .* GPUs are what limits it \(4 on the workers\): "
+                                              r"each executor gets spark.executor.resource.gpu.amount=2, each task "
+                                              r"spark.task.resource.gpu.amount=2"):
+            HorovodRunner(np=3).run(cuda_view)
+        assert time.monotonic() - started < 30
+        view = HorovodRunner(np=2).run(cuda_view)
+    finally:
+        spark.stop()
+    assert sorted(view["visible"]) == ["0,1", "2,3"]  # several GPUs a task: each rank sees its own only

@@ -30,6 +30,8 @@ POLL_S = 0.5
 # Where the standalone master's web UI is (its /json/ tells the cluster's cores); default http://<master>:8080
 MASTER_WEB_UI_CONF = "spark.horovodRunner.masterWebUiUrl"
 MASTER_WEB_UI_PORT = 8080
+EXECUTOR_GPUS = "spark.executor.resource.gpu.amount"
+TASK_GPUS = "spark.task.resource.gpu.amount"
 
 
 def check_slot_wait_timeout(seconds: float) -> float:
@@ -100,27 +102,42 @@ def _mebibytes(size: str) -> int:
     return max(1, math.ceil(int(match.group(1)) * scale))
 
 
-def standalone_capacity(state: dict[str, Any], conf: dict[str, str]) -> int:
+def _gpus_of(worker: dict[str, Any]) -> int:
+    return len(worker.get("resources", {}).get("gpu", {}).get("addresses", []))
+
+
+def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus: bool = True) -> int:
     """The most task slots a standalone cluster in ``state`` could give an application with SparkConf ``conf``.
 
-    Counts every alive worker's cores as if free (the job may wait for them), the executors that fit its
-    cores and memory, and ``spark.cores.max``. An upper bound: a job above it can never start.
+    Counts every alive worker's cores (and GPUs, when the application asks for some) as if free (the job may
+    wait for them), the executors that fit its cores, memory and GPUs, and ``spark.cores.max``. An upper
+    bound: a job above it can never start. ``count_gpus=False``: as if GPUs were no limit.
     """
     task_cpus = int(conf.get("spark.task.cpus") or 1)
     executor_mb = _mebibytes(conf.get("spark.executor.memory") or "1g")
     cores_max = int(conf["spark.cores.max"]) if conf.get("spark.cores.max") else None
+    executor_gpus = float(conf.get(EXECUTOR_GPUS) or 0) if count_gpus else 0.0
+    task_gpus = float(conf.get(TASK_GPUS) or 0) if count_gpus else 0.0
     workers = [
-        (int(w.get("cores", 0)), int(w.get("memory", 0)))
+        (int(w.get("cores", 0)), int(w.get("memory", 0)), _gpus_of(w))
         for w in state["workers"]
-        if w.get("state") == "ALIVE" and int(w.get("memory", 0)) >= executor_mb
+        if w.get("state") == "ALIVE" and int(w.get("memory", 0)) >= executor_mb and _gpus_of(w) >= executor_gpus
     ]
+
+    def tasks_per_executor(cores: int) -> int:
+        by_cores = cores // task_cpus
+        return min(by_cores, math.floor(executor_gpus / task_gpus)) if task_gpus else by_cores
+
     if conf.get("spark.executor.cores"):  # executors of that many cores, as many as each worker can hold
         executor_cores = int(conf["spark.executor.cores"])
-        executors = sum(min(cores // executor_cores, memory // executor_mb) for cores, memory in workers)
+        executors = sum(
+            min(cores // executor_cores, memory // executor_mb, int(gpus // executor_gpus) if executor_gpus else cores)
+            for cores, memory, gpus in workers  # (without a GPU request, cores // executor_cores is the least)
+        )
         if cores_max is not None:
             executors = min(executors, cores_max // executor_cores)
-        return executors * (executor_cores // task_cpus)
-    slots = sum(cores // task_cpus for cores, _ in workers)  # one executor per worker, with all its cores
+        return executors * tasks_per_executor(executor_cores)
+    slots = sum(tasks_per_executor(cores) for cores, _, _ in workers)  # one executor per worker, all its cores
     return slots if cores_max is None else min(slots, cores_max // task_cpus)
 
 
@@ -145,12 +162,28 @@ def check_barrier_allowed(sc: SparkContext, size: int) -> None:
         )
 
 
+def _gpu_note(sc: SparkContext, size: int) -> str:
+    """Why GPUs limit the slots, and what to change, when the application asks for GPUs; else nothing."""
+    conf = sc.getConf()
+    if not conf.get(TASK_GPUS):
+        return ""
+    state = master_state(sc)
+    if state is not None and standalone_capacity(state, dict(conf.getAll()), count_gpus=False) < size:
+        return ""  # the cores would not do either
+    on_workers = f" ({sum(_gpus_of(w) for w in state['workers'] if w.get('state') == 'ALIVE')} on the workers)" if state else ""
+    return (
+        f" GPUs are what limits it{on_workers}: each executor gets {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS) or 0}, "
+        f"each task {TASK_GPUS}={conf.get(TASK_GPUS)}. Give the cluster more GPUs (the workers' "
+        "spark.worker.resource.gpu.amount and discovery script, or more GPU executors), or ask for fewer per task."
+    )
+
+
 def _never_fits(sc: SparkContext, size: int, total: int) -> LaunchError:
     task_cpus = sc.getConf().get("spark.task.cpus") or 1
     return LaunchError(
         f"HorovodRunner(np={size}) needs {size} Spark task slots at once (a barrier job starts all its tasks "
-        f"together), but the cluster at {sc.master} has {total} at most (spark.task.cpus={task_cpus}). Lower np "
-        f"to at most {total}, give the cluster more executors or cores (spark.executor.instances, "
+        f"together), but the cluster at {sc.master} has {total} at most (spark.task.cpus={task_cpus}).{_gpu_note(sc, size)}"
+        f" Lower np to at most {total}, give the cluster more executors or cores (spark.executor.instances, "
         "spark.executor.cores, spark.cores.max), or use np<0 to run on this host alone."
     )
 
@@ -188,8 +221,8 @@ def wait_for_slots(
             raise LaunchError(
                 f"HorovodRunner(np={size}) waited {now - started:.0f}s for {size} free Spark task slots on "
                 f"{sc.master}, and the application has {slots} (the cluster is busy with other jobs, or its "
-                f"executors cannot start). Wait longer (slot_wait_timeout, now {timeout:g}s), free the "
-                "cluster, or lower np."
+                f"executors cannot start).{_gpu_note(sc, size)} Wait longer (slot_wait_timeout, now {timeout:g}s), "
+                "free the cluster, or lower np."
             )
         if now >= next_report:
             at_most = f" of the {total} it could hold" if total is not None else ""
