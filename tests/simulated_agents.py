@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_hvd.runner.agent import AgentArgs
+from airflow_provider_hvd.runner.driver_address import LOOPBACK_DRIVER
 from airflow_provider_hvd.runner.messages import (
     Abort,
     Done,
@@ -42,8 +43,6 @@ from airflow_provider_hvd.runner.messages import (
 from airflow_provider_hvd.runner.outcome import LaunchFailed
 from airflow_provider_hvd.runner.supervisor import Supervisor
 from airflow_provider_hvd.runner.wire import NONCE_BYTES, PROOF_BYTES, FrameDecoder, agent_answer
-
-LOOPBACK = "127.0.0.1"
 
 
 @dataclass
@@ -195,7 +194,7 @@ def _child_main() -> None:
 class SimulatedLauncher:
     """A Launcher whose agents are simulated in one child process (see the module's docstring)."""
 
-    driver_host = LOOPBACK
+    driver = LOOPBACK_DRIVER
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario

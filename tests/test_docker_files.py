@@ -77,12 +77,22 @@ def test_airflow_is_laid_out_as_its_official_compose_file(compose):
     assert "airflow db migrate" in init and "passwords.json" in init  # the admin's password, written down
 
 
+def with_defaults(text: str) -> str:
+    """``text`` as Compose interpolates it when no variable is set (``${NAME:-default}`` → ``default``)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+
+
+def spark_connection(services: dict) -> tuple[str, dict[str, str]]:
+    env = services["airflow-scheduler"]["environment"]
+    return master_from_connection(Connection.from_json(with_defaults(env["AIRFLOW_CONN_SPARK_DEFAULT"]),
+                                                       conn_id="spark_default"))
+
+
 def test_the_executors_can_reach_the_driver_and_the_link_its_master(compose):
     services = compose["services"]
-    env = services["airflow-scheduler"]["environment"]
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"  # tasks, so Spark drivers, run in the scheduler
-    conn = Connection.from_json(env["AIRFLOW_CONN_SPARK_DEFAULT"], conn_id="spark_default")
-    master, conf = master_from_connection(conn)
+    # tasks, so Spark drivers, run in the scheduler
+    assert services["airflow-scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    master, conf = spark_connection(services)
     assert conf["spark.driver.host"] == services["airflow-scheduler"]["hostname"]
     master_cmd = shlex.split(services["spark-master"]["command"])
     option = dict(zip(master_cmd[2::2], master_cmd[3::2], strict=True))
@@ -90,6 +100,30 @@ def test_the_executors_can_reach_the_driver_and_the_link_its_master(compose):
     assert conf["spark.horovodRunner.masterWebUiUrl"] == f"http://{option['--host']}:{option['--webui-port']}"
     for worker in ("spark-worker-1", "spark-worker-2"):
         assert master in shlex.split(services[worker]["command"])
+
+
+def published_ports(service: dict) -> set[int]:
+    """The container ports ``service`` publishes on the same host ports (short syntax, ranges expanded)."""
+    ports = set()
+    for entry in service.get("ports", []):
+        host, container = str(entry).split("/")[0].rsplit(":", 2)[-2:]
+        assert host == container, f"{entry}: the executors are told the driver's own port numbers"
+        first, _, last = container.partition("-")
+        ports.update(range(int(first), int(last or first) + 1))
+    return ports
+
+
+def test_the_driver_listens_on_every_interface_at_fixed_ports_that_are_published(compose):
+    services = compose["services"]
+    _, conf = spark_connection(services)
+    assert conf["spark.driver.bindAddress"] == "0.0.0.0"
+    keys = ["spark.driver.port", "spark.driver.blockManager.port", "spark.horovodRunner.channelPort",
+            "spark.horovodRunner.rendezvousPort"]
+    ports = [int(conf[key]) for key in keys]
+    assert len(set(ports)) == len(keys) and all(ports)
+    assert published_ports(services["airflow-scheduler"]) == set(ports)
+    text = services["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SPARK_DEFAULT"]
+    assert '"spark.driver.host": "${SPARK_DRIVER_HOST:-airflow-scheduler}"' in text  # settable for outside executors
 
 
 def test_the_dockerfile_installs_horovod_through_the_makefiles_script(instructions):

@@ -41,8 +41,9 @@ _SPARE_DESCRIPTORS = 256  # beside the agents' connections: unproven ones, the r
 class AgentConnection:
     """The driver's end of one agent's connection."""
 
-    def __init__(self, sock: socket.socket, peer: str, handshake: DriverHandshake) -> None:
-        self.peer = peer
+    def __init__(self, sock: socket.socket, peer: tuple[str, int], handshake: DriverHandshake) -> None:
+        self.peer_host = peer[0]  # the agent's address as the driver sees it (after any NAT on the way)
+        self.peer = f"{peer[0]}:{peer[1]}"
         self.sock = sock
         self._send_lock = threading.Lock()  # the supervisor writes; the channel's loop reads and closes
         self._closed = False
@@ -127,9 +128,11 @@ class ChannelEvent:
 
 
 class DriverChannel:
-    """Listens on ``host`` for agents that prove ``secret``; control events go to ``events``, logs to logging."""
+    """Listens on ``host``:``port`` (0: any free port) for agents that prove ``secret``; control events go to
+    ``events``, logs to logging."""
 
-    def __init__(self, host: str, secret: bytes, agents: int = 0) -> None:
+    def __init__(self, host: str, secret: bytes, agents: int = 0, port: int = 0) -> None:
+        self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)  # first: nothing to undo if taken
         make_room_for_connections(agents)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
         self._secret = secret
@@ -139,7 +142,6 @@ class DriverChannel:
         self._listening = True
         self._fd_pause_until = 0.0  # out of file descriptors: accepting resumes then
         self._warned_full = False
-        self._listener = socket.create_server((host, 0), backlog=LISTEN_BACKLOG)
         self._listener.setblocking(False)
         self.host, self.port = self._listener.getsockname()[:2]
         self._wake_r, self._wake_w = socket.socketpair()
@@ -205,9 +207,8 @@ class DriverChannel:
                     log.error("HorovodRunner: the driver cannot accept more agent connections for now: %s", exc)
                     self._fd_pause_until = time.monotonic() + _FD_PAUSE_S
                 return  # (ECONNABORTED and the like: that connection is gone)
-            peer = f"{addr[0]}:{addr[1]}"
             sock.settimeout(SEND_TIMEOUT_S)  # reads happen only when the selector says there is data
-            conn = AgentConnection(sock, peer, DriverHandshake(self._secret))
+            conn = AgentConnection(sock, addr, DriverHandshake(self._secret))
             try:
                 sock.sendall(conn.handshake.nonce)  # type: ignore[union-attr]
             except OSError:

@@ -9,18 +9,17 @@ import os
 import threading
 
 from .agent import AgentArgs, run_agent
+from .driver_address import LOOPBACK_DRIVER
 from .errors import LaunchError
 from .gpus import GPU, host_gpus
 from .messages import Hello
 from .outcome import LaunchFailed
 
-LOOPBACK = "127.0.0.1"
-
 
 class LocalLauncher:
     """Starts ``size`` agents on this host; every rank's output reaches the driver, as in sparkdl."""
 
-    driver_host = LOOPBACK
+    driver = LOOPBACK_DRIVER  # any free ports
 
     def __init__(self, size: int) -> None:
         self.size = size

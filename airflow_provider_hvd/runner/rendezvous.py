@@ -1,4 +1,4 @@
-"""Horovod's own Gloo rendezvous server, bound to the driver address the ranks use, and the rank plan.
+"""Horovod's own Gloo rendezvous server, bound to the driver's address, and the rank plan.
 
 Hardened for a run: it answers only this run's hosts, takes bodies of at most :data:`MAX_BODY_BYTES`,
 and closes a connection that takes longer than :data:`REQUEST_TIMEOUT_S` (Gloo's requests are small).
@@ -43,8 +43,8 @@ class _Handler(RendezvousHandler):
 class _Server(RendezvousHTTPServer):
     daemon_threads = True
 
-    def __init__(self, host: str) -> None:
-        super().__init__((host, 0), _Handler, 0)
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__((host, port), _Handler, 0)
         self.allowed: frozenset[str] = frozenset()
         self._open: dict[socket.socket, float] = {}
         self._open_lock = threading.Lock()
@@ -73,11 +73,12 @@ class _Server(RendezvousHTTPServer):
 
 
 class Rendezvous:
-    """Serves Gloo's rendezvous on ``host`` (not on every interface, as ``RendezvousServer.start`` would)."""
+    """Serves Gloo's rendezvous on ``bind``:``port`` (not on every interface, as ``RendezvousServer.start`` would;
+    0: any free port); the ranks are told ``host`` (``bind`` unless given), e.g. where that port is published."""
 
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self._httpd = _Server(host)
+    def __init__(self, bind: str, port: int = 0, host: str | None = None) -> None:
+        self.host = host or bind
+        self._httpd = _Server(bind, port)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="hvd-rendezvous", daemon=True
@@ -85,7 +86,8 @@ class Rendezvous:
         self._thread.start()
 
     def init(self, plan: list[SlotInfo], hosts: Iterable[str]) -> None:
-        """Serve ``plan`` to the rank processes on ``hosts`` (their addresses as the driver sees them)."""
+        """Serve ``plan`` to the rank processes on ``hosts`` (their addresses as the driver sees them: the source
+        addresses of their agents' connections, which differ from the agents' own behind a NAT)."""
         self._httpd.allowed = frozenset(hosts)
         self._httpd.init(plan)
 

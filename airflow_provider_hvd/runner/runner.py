@@ -121,7 +121,6 @@ class HorovodRunner:
                 launcher = SparkLauncher(
                     active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
                 )
-            launcher.check_slots()
             supervisor = Supervisor(
                 launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
             )

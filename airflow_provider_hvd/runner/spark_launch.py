@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -18,8 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .agent import AgentArgs, run_agent
+from .driver_address import spark_driver_address
 from .errors import LaunchError
-from .local_launch import LOOPBACK
 from .messages import Hello
 from .outcome import LaunchFailed
 from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
@@ -119,9 +118,7 @@ class SparkLauncher:
         self.cancelled = cancelled
         self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
         self.local = is_local(self.sc.master)
-        self.driver_host = LOOPBACK if self.local else socket.gethostbyname(
-            self.sc.getConf().get("spark.driver.host") or socket.gethostname()
-        )
+        self.driver = spark_driver_address(self.sc.getConf().get, self.local)  # a bad port setting fails here
         self._thread: threading.Thread | None = None
         self._payload: Broadcast[bytes] | None = None
         self._failure: BaseException | None = None

@@ -14,6 +14,7 @@ from horovod.runner.common.util.hosts import SlotInfo
 
 from .agent import AgentArgs
 from .channel import AgentConnection, ChannelEvent, DriverChannel
+from .driver_address import CHANNEL, RENDEZVOUS, DriverAddress
 from .messages import AgentFailed as AgentFailedMessage
 from .messages import Done, Hello, Start
 from .outcome import (
@@ -43,11 +44,12 @@ _POLL_S = 0.2
 class Launcher(Protocol):
     """A way to start one agent per rank (:mod:`.local_launch`, :mod:`.spark_launch`)."""
 
-    driver_host: str
+    driver: DriverAddress  # where the channel and the rendezvous listen, and the address the agents are told
     size: int
 
     def describe(self) -> str: ...
-    def check_slots(self) -> None: ...
+    def check_slots(self) -> None:
+        """Return once the ranks can start (the driver already listens: a taken port fails before any wait)."""
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs: ...
     def start(self, args: AgentArgs, payload: bytes) -> None:
         """Start the agents; each hands ``payload`` (the pickled job) to its rank. Keep no copy not needed."""
@@ -80,12 +82,17 @@ class Supervisor:
 
     def run(self) -> Any:
         secret = new_secret()
-        channel = DriverChannel(self.launcher.driver_host, secret, agents=self.size)
-        log.info("HorovodRunner: driver channel on %s:%d", channel.host, channel.port)
+        driver = self.launcher.driver
+        channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, agents=self.size, port=port))
         try:
+            self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
+            log.info("HorovodRunner: driver channel on %s", driver.describe(channel.port))
+            log.info("HorovodRunner: Gloo rendezvous on %s", driver.describe(self._rendezvous.port))
+            self.launcher.check_slots()
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
-            self.launcher.start(self.launcher.agent_args(channel.host, channel.port, secret, self._verbosity), payload)
+            args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
+            self.launcher.start(args, payload)
             del payload
             self._watch(channel)
         finally:
@@ -167,10 +174,9 @@ class Supervisor:
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]
-        hosts = [conn.hello.host for conn in self._agents]  # type: ignore[union-attr]
-        plan = plan_ranks(hosts)
-        self._rendezvous = Rendezvous(self.launcher.driver_host)
-        self._rendezvous.init(plan, hosts)
+        plan = plan_ranks([conn.hello.host for conn in self._agents])  # type: ignore[union-attr]
+        assert self._rendezvous is not None
+        self._rendezvous.init(plan, [conn.peer_host for conn in self._agents])
         settings = forwarded_settings(os.environ)
         gpus = self._visible_gpus(plan)
         for conn, slot, seen in zip(self._agents, plan, gpus):
