@@ -62,9 +62,9 @@ class StandaloneCluster:
 
     def alive_workers(self) -> int:
         try:
-            with urllib.request.urlopen(f"{self.web_ui}/json", timeout=2) as resp:
+            with urllib.request.urlopen(f"{self.web_ui}/json/", timeout=2) as resp:
                 return int(json.load(resp).get("aliveworkers", 0))
-        except OSError:
+        except (OSError, ValueError):  # not up yet (its UI answers HTML while the master starts)
             return 0
 
     def start(self, timeout: float = 120.0) -> StandaloneCluster:
