@@ -123,16 +123,20 @@ def test_relayed_lines_show_under_basic_logging_config_with_two_runs_at_once():
     assert "[rank 0] late print" in proc.stderr
 
 
-def failing_agent_environment(*args, **kwargs):
-    raise RuntimeError("no network interface holds 10.1.2.3, the address this host uses to reach the driver")
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("no network interface holds 10.1.2.3, the address this host uses to reach the driver"),
+     OSError(24, "Too many open files")],
+)
+def test_an_agents_own_failure_reaches_the_driver(monkeypatch, error):
+    def failing_agent_environment(*args, **kwargs):
+        raise error
 
-
-def test_an_agents_own_failure_reaches_the_driver(monkeypatch):
     monkeypatch.setattr(rank_env, "interface_of", failing_agent_environment)  # local agents run in this process
     with pytest.raises(RankFailedError) as info:
         HorovodRunner(np=-2).run(trivial)
     assert "the HorovodRunner agent of rank" in str(info.value)
-    assert "failed: RuntimeError: no network interface holds 10.1.2.3" in str(info.value)
+    assert f"failed: {type(error).__name__}: {error}" in str(info.value)
     assert "--- the agent's traceback ---" in str(info.value)
 
 

@@ -239,14 +239,20 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
         send(stream, hello)
         try:
             start = receive(stream)
-            if not isinstance(start, Start):
-                return "turned away"  # an Abort: the run has ended, or started without this task
-            watcher = _run_rank(args, stream, hello, start, read_job)
-            return "done"
         except (ConnectionClosed, OSError):
             return "lost the driver"
+        if not isinstance(start, Start):
+            return "turned away"  # an Abort: the run has ended, or started without this task
+        try:
+            watcher = _run_rank(args, stream, hello, start, read_job)
+            return "done"
+        except (ConnectionClosed, ConnectionError):  # reporting to the driver failed: it is gone
+            return "lost the driver"
         except BaseException as exc:  # noqa: BLE001 - the agent's own failure: the driver must hear of it
-            send(stream, AgentFailed(RemoteError.of(exc)))
+            try:
+                send(stream, AgentFailed(RemoteError.of(exc)))
+            except OSError:
+                return "lost the driver"
             return "failed"
     finally:
         stream.close()
