@@ -163,3 +163,24 @@ def test_two_jobs_at_once_share_the_hooks_spark_session(monkeypatch):
         thread.join(120)
     assert results == {4.0: 4.0, 12.0: 12.0}
     assert SparkContext._active_spark_context is None  # the last one out stopped it
+
+
+def test_a_job_cancelled_while_its_session_starts_does_not_run(monkeypatch):
+    """on_kill() can come before the ranks start (Airflow calls it on SIGTERM at any time)."""
+    from pyspark import SparkContext
+
+    from airflow_provider_hvd import RunCancelledError
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_SHARED", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    hook = HorovodHook("spark_shared")
+    joined = hook._join_session
+
+    def join_then_get_cancelled():
+        session = joined()
+        hook.cancel()  # as if SIGTERM arrived while the SparkSession was starting
+        return session
+
+    monkeypatch.setattr(hook, "_join_session", join_then_get_cancelled)
+    with pytest.raises(RunCancelledError, match="cancelled before its ranks started"):
+        hook.run(hold_a_rank, kwargs={"seconds": 60.0}, np=1)
+    assert SparkContext._active_spark_context is None

@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
-from airflow_provider_hvd.runner import HorovodRunner, LaunchError
+from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
 from airflow_provider_hvd.runner.slots import DEFAULT_SLOT_WAIT_S, standalone_masters
 from airflow_provider_hvd.runner.spark_launch import default_executor_python
 
@@ -107,6 +107,7 @@ class HorovodHook(BaseHook):
         self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
         self.app_name = app_name
         self._runner: HorovodRunner | None = None
+        self._cancelled = False
         self._gateway: JavaGateway | None = None  # the JVM this hook started, if it did
         self.ui_url: str | None = None
         self.history_server: str | None = None
@@ -209,6 +210,8 @@ class HorovodHook(BaseHook):
         self.ui_url = application_ui_url(sc, self.history_server)
         self.log.info("Spark master %s, application %s, UI %s", sc.master, sc.applicationId, self.ui_url or "-")
         try:
+            if self._cancelled:  # cancel() came while the session started
+                raise RunCancelledError("the job was cancelled before its ranks started")
             return self._runner.run_with_args(python_callable, args, kwargs or {})
         finally:
             if shared:
@@ -245,5 +248,6 @@ class HorovodHook(BaseHook):
 
     def cancel(self) -> None:
         """End the running job: every rank is ended and the Spark job cancelled; ``run`` then raises."""
+        self._cancelled = True
         if self._runner is not None:
             self._runner.cancel()

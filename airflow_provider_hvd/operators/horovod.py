@@ -103,6 +103,8 @@ class HorovodRunnerOperator(BaseOperator):
         except ValueError:
             raise ValueError(f"np rendered to {self.np!r}; it must be a non-zero int") from None
         kwargs = {**self._context_kwargs(context), **self.op_kwargs}
+        if self._killed:  # on_kill() came before the job started
+            raise RunCancelledError("the task was killed before its Horovod job started")
         self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
         try:
             value = self._hook.run(
