@@ -93,12 +93,14 @@ class _RankProcess:
         finally:
             os.close(ctl_write)
             os.close(out_write)
-        self._threads = [
-            threading.Thread(target=self._relay_output, args=(out_read,), name=f"hvd-rank{rank}-output", daemon=True),
-            threading.Thread(target=self._read_control_until_closed, args=(ctl_read,), name=f"hvd-rank{rank}-control", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._output_reader = threading.Thread(
+            target=self._relay_output, args=(out_read,), name=f"hvd-rank{rank}-output", daemon=True
+        )
+        self._control_reader = threading.Thread(
+            target=self._read_control, args=(ctl_read,), name=f"hvd-rank{rank}-control", daemon=True
+        )
+        self._output_reader.start()
+        self._control_reader.start()
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(job)
@@ -141,25 +143,21 @@ class _RankProcess:
 
     def _read_control(self, fd: int) -> None:
         control = FrameStream(os.fdopen(fd, "rb"), write=None)
-        while True:
-            try:
-                message = receive(control)
-            except ConnectionClosed:
-                return
-            if isinstance(message, DriverMessage):
-                with self._messages_cond:
-                    self._messages[message.seq] = message.text
-                    self._messages_cond.notify_all()
-                continue
-            if isinstance(message, Result):
-                self.result = message.data
-            elif isinstance(message, RankError):
-                self.error = message.error
-            self.reported.set()
-
-    def _read_control_until_closed(self, fd: int) -> None:
         try:
-            self._read_control(fd)
+            while True:
+                message = receive(control)
+                if isinstance(message, DriverMessage):
+                    with self._messages_cond:
+                        self._messages[message.seq] = message.text
+                        self._messages_cond.notify_all()
+                    continue
+                if isinstance(message, Result):
+                    self.result = message.data
+                elif isinstance(message, RankError):
+                    self.error = message.error
+                self.reported.set()
+        except ConnectionClosed:
+            return
         finally:
             self.reported.set()  # the rank is gone, whether it reported or not
 
@@ -182,10 +180,10 @@ class _RankProcess:
         except subprocess.TimeoutExpired:
             self.terminate(f"it reported but had not exited {EXIT_AFTER_REPORT_S:.0f}s later")
             code = self.proc.wait()
-        self._threads[1].join()
-        self._threads[0].join(_OUTPUT_DRAIN_S)
+        self._control_reader.join()
+        self._output_reader.join(_OUTPUT_DRAIN_S)
         self._stop_reading.set()  # a process that escaped the reaper holds the output open: stop reading
-        self._threads[0].join()
+        self._output_reader.join()
         return code
 
 

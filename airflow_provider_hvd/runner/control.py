@@ -15,9 +15,9 @@ import sys
 import threading
 
 from .messages import DriverMessage, Message, send
+from .reaper import CONTROL_FD_ENV  # the reaper, standard library only, cannot import this module
 from .wire import FrameStream
 
-CONTROL_FD_ENV = "HVD_RUNNER_CONTROL_FD"
 LOG_TOKEN_ENV = "HVD_RUNNER_LOG_TOKEN"
 RANK_PID_ENV = "HVD_RUNNER_RANK_PID"
 MAX_MESSAGE_CHARS = 4000

@@ -9,7 +9,6 @@ relays them. Once it has reported, it exits: threads ``main`` left running do no
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import signal
 import sys
@@ -19,17 +18,7 @@ import cloudpickle
 from .control import CONTROL_FD_ENV, RANK_PID_ENV, control_pipe
 from .messages import RankError, RemoteError, Result
 from .payload import check_fits_frame
-
-PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when its reaper dies, so that no rank outlives its run."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(os.environ.get(PARENT_PID_ENV, os.getppid())):
-        os._exit(70)  # the reaper died before prctl took effect
+from .reaper import PARENT_PID_ENV, die_with_parent
 
 
 def _pickle_result(value: object) -> bytes:
@@ -73,7 +62,7 @@ def main() -> int:
     if CONTROL_FD_ENV not in os.environ:
         print("airflow_provider_hvd.runner.rank is started by HorovodRunner, not by hand", file=sys.stderr)
         return 2
-    _die_with_parent()
+    die_with_parent(int(os.environ.get(PARENT_PID_ENV, os.getppid())), signal.SIGKILL)  # no rank outlives its run
     os.environ[RANK_PID_ENV] = str(os.getpid())  # log_to_driver works in this process, not in its children
     code = _run(int(os.environ["HOROVOD_RANK"]))
     atexit._run_exitfuncs()  # e.g. Horovod's shutdown; then exit without waiting for threads main left

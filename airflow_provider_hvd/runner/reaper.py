@@ -17,7 +17,8 @@ import subprocess
 import sys
 import time
 
-PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"
+PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"  # the reaper's pid, for the rank's parent-death check
+CONTROL_FD_ENV = "HVD_RUNNER_CONTROL_FD"  # the rank's control pipe (see control.py), passed through
 TERMINATE_GRACE_S = 5.0  # the rank's time to end after SIGTERM
 LEFTOVER_GRACE_S = 1.0  # what the rank left running, after it exited
 _PR_SET_PDEATHSIG = 1
@@ -90,6 +91,13 @@ def _end_everything_below(grace_s: float) -> None:
         _reap()
 
 
+def die_with_parent(parent_pid: int, sig: int) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies; exit now if it already has."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(70)  # the parent died before prctl took effect
+
+
 def _exit_as(status: int) -> None:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # killed by a signal: die of the same one
@@ -114,13 +122,10 @@ def _terminate(rank: int) -> tuple[int, float]:
 
 def main(argv: list[str]) -> None:
     agent_pid, command = int(argv[0]), argv[1:]
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    if os.getppid() != agent_pid:
-        os._exit(70)  # the agent died before prctl took effect
-    control_fd = int(os.environ["HVD_RUNNER_CONTROL_FD"])
+    die_with_parent(agent_pid, signal.SIGTERM)
+    control_fd = int(os.environ[CONTROL_FD_ENV])
     rank = None
     try:
         rank = subprocess.Popen(
