@@ -16,7 +16,6 @@ from urllib.parse import quote
 
 import httpx
 import psutil
-
 from jobs import alive
 from spark_cluster import LOOPBACK, free_port
 

@@ -23,9 +23,7 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402
-
 from spark_cluster import StandaloneCluster  # noqa: E402
-
 
 _session_keys: set[str] = set()
 

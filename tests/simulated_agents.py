@@ -1,6 +1,6 @@
 """Many simulated rank agents against the real driver side (Supervisor, DriverChannel, RunOutcome, rendezvous).
 
-:class:`SimulatedLauncher` is a Launcher for :class:`~airflow_provider_hvd.runner.supervisor.Supervisor`: its
+:class:`SimulatedLauncher` is a Launcher for :class:`~airflow_provider_hvd.runner.driver.supervisor.Supervisor`: its
 ``start`` runs this file as one child process, in which an asyncio loop plays ``agents`` rank agents. Each
 one speaks the real wire protocol with the run's secret (the HMAC handshake, then framed messages): Hello
 from its own loopback address (``per_host`` agents share one, so the rendezvous plans many hosts), Start,
@@ -26,9 +26,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_provider_hvd.runner.agent import AgentArgs
-from airflow_provider_hvd.runner.driver_address import LOOPBACK_DRIVER
-from airflow_provider_hvd.runner.messages import (
+from airflow_provider_hvd.runner.agent.agent import AgentArgs
+from airflow_provider_hvd.runner.driver.address import LOOPBACK_DRIVER
+from airflow_provider_hvd.runner.driver.outcome import LaunchFailed
+from airflow_provider_hvd.runner.driver.supervisor import Supervisor
+from airflow_provider_hvd.runner.shared.messages import (
     Abort,
     Done,
     Hello,
@@ -40,9 +42,7 @@ from airflow_provider_hvd.runner.messages import (
     decode,
     frame,
 )
-from airflow_provider_hvd.runner.outcome import LaunchFailed
-from airflow_provider_hvd.runner.supervisor import Supervisor
-from airflow_provider_hvd.runner.wire import NONCE_BYTES, PROOF_BYTES, FrameDecoder, agent_answer
+from airflow_provider_hvd.runner.shared.wire import NONCE_BYTES, PROOF_BYTES, FrameDecoder, agent_answer
 
 
 @dataclass

@@ -11,7 +11,6 @@ import sys
 import threading
 
 import pytest
-
 from jobs import assert_all_gone, wait_for_pids
 
 LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})

@@ -12,7 +12,6 @@ import time
 import urllib.request
 
 import pytest
-
 from airflow_deployment import AirflowDeployment, log_text
 from jobs import alive, wait_for_pids
 from spark_cluster import free_port

@@ -11,11 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from airflow_provider_hvd import RankFailedError
-from airflow_provider_hvd.runner import wire
 from peaks import Peaks
 from simulated_agents import Scenario, drive
+
+from airflow_provider_hvd import RankFailedError
+from airflow_provider_hvd.runner.shared import wire
 
 AGENTS = 1000
 TESTS = Path(__file__).resolve().parent

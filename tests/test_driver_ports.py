@@ -17,19 +17,19 @@ import threading
 import time
 
 import pytest
+from conftest import make_session
+from jobs import sleep_and_record, wait_for_pids
+from spark_cluster import free_port
 
 from airflow_provider_hvd import HorovodRunner, LaunchError
-from airflow_provider_hvd.runner.channel import DriverChannel
-from airflow_provider_hvd.runner.driver_address import (
+from airflow_provider_hvd.runner.driver.address import (
     CHANNEL,
     CHANNEL_PORT_CONF,
     LOOPBACK,
     RENDEZVOUS_PORT_CONF,
     spark_driver_address,
 )
-from conftest import make_session
-from jobs import sleep_and_record, wait_for_pids
-from spark_cluster import free_port
+from airflow_provider_hvd.runner.driver.channel import DriverChannel
 
 ADVERTISED, NAT = "127.0.0.2", "127.0.0.3"
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError
 from conftest import make_session
 from jobs import allreduce_sum, assert_all_gone, sleep_and_record, wait_for_pids
+
+from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from airflow_provider_hvd import HorovodRunner, LaunchError
-from airflow_provider_hvd.runner.gpus import host_gpus, visible_gpus
 from conftest import make_session
 from spark_cluster import StandaloneCluster
+
+from airflow_provider_hvd import HorovodRunner, LaunchError
+from airflow_provider_hvd.runner.shared.gpus import host_gpus, visible_gpus
 
 
 @pytest.mark.parametrize(

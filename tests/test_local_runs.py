@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psutil
 import pytest
-
-import threading
+from jobs import allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
-from jobs import allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
 
 
 def test_allreduce_across_two_ranks_returns_rank0_value():

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_hvd import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from airflow_provider_hvd.runner.messages import Done, RemoteError
-from airflow_provider_hvd.runner.outcome import (
+from airflow_provider_hvd.runner.driver.outcome import (
     AgentFailed,
     AgentLost,
     Cancelled,
@@ -16,6 +15,7 @@ from airflow_provider_hvd.runner.outcome import (
     RunOutcome,
     StartTimedOut,
 )
+from airflow_provider_hvd.runner.shared.messages import Done, RemoteError
 
 SPARK_TASK_1 = "in Spark task 1 (attempt 0) on executor 10.0.0.2:41000 (10.0.0.2)"
 SPARK_TASK_0 = "in Spark task 0 (attempt 0) on executor 10.0.0.1:41000 (10.0.0.1)"

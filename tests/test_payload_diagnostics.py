@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
-from airflow_provider_hvd.runner import wire
-from airflow_provider_hvd.runner.payload import MAX_FRAME_ENV
+from airflow_provider_hvd.runner.shared import wire
+from airflow_provider_hvd.runner.shared.payload import MAX_FRAME_ENV
 
 BIG_BLOB = bytes(12_000_000)  # over the default 10 MB warning threshold
 MODULE_LOCK = threading.Lock()

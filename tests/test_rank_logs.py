@@ -11,7 +11,7 @@ import time
 import pytest
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, log_to_driver
-from airflow_provider_hvd.runner.channel import rank_log
+from airflow_provider_hvd.runner.driver.channel import rank_log
 
 RANKS = "airflow_provider_hvd.ranks"
 
@@ -241,7 +241,7 @@ class _SlowStart(_Counter):
 
 
 def test_a_slow_driver_drops_lines_and_says_how_many(monkeypatch):
-    from airflow_provider_hvd.runner import relay
+    from airflow_provider_hvd.runner.agent import relay
 
     monkeypatch.setattr(relay, "OUTBOX_CAPACITY_BYTES", 64 << 10)  # local agents run in this process
     counter = _SlowStart()
@@ -278,7 +278,7 @@ MARKER = b"\x1ehvd-log:token:"
     ],
 )
 def test_output_splitting(chunks, pieces):
-    from airflow_provider_hvd.runner.relay import OutputSplitter
+    from airflow_provider_hvd.runner.agent.relay import OutputSplitter
 
     splitter = OutputSplitter(MARKER)
     got = [piece for chunk in chunks for piece in splitter.feed(chunk)] + splitter.end()
@@ -286,7 +286,7 @@ def test_output_splitting(chunks, pieces):
 
 
 def test_long_lines_are_cut_at_a_character_boundary():
-    from airflow_provider_hvd.runner.relay import OutputSplitter
+    from airflow_provider_hvd.runner.agent.relay import OutputSplitter
 
     splitter = OutputSplitter(MARKER, max_line_bytes=11)
     assert splitter.feed(b"x" * 10 + "é".encode() + b"yy\n") == ["x" * 10, "éyy"]
@@ -303,7 +303,7 @@ class _StalledStream:
 
 
 def test_the_outbox_bound_counts_bytes_not_characters():
-    from airflow_provider_hvd.runner.relay import Outbox
+    from airflow_provider_hvd.runner.agent.relay import Outbox
 
     stream = _StalledStream()
     outbox = Outbox(stream, capacity_bytes=64 << 10)  # type: ignore[arg-type]

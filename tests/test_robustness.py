@@ -11,11 +11,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from jobs import allreduce_sum, assert_all_gone
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
-from airflow_provider_hvd.runner import channel, rank_env, rendezvous
-from airflow_provider_hvd.runner.spark_launch import is_local
-from jobs import allreduce_sum, assert_all_gone
+from airflow_provider_hvd.runner.agent import rank_env
+from airflow_provider_hvd.runner.driver import channel, rendezvous
+from airflow_provider_hvd.runner.driver.spark_cluster import is_local
 
 TESTS = Path(__file__).resolve().parent
 

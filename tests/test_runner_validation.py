@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from jobs import allreduce_sum
 
 from airflow_provider_hvd import HorovodRunner, LaunchError
-from jobs import allreduce_sum
 
 
 @pytest.mark.parametrize("np", [0, True, False, 2.0, "2", None])

@@ -10,11 +10,11 @@ import threading
 import time
 
 import pytest
-
-from airflow_provider_hvd import HorovodRunner, LaunchError, RunCancelledError
-from airflow_provider_hvd.runner import slots
 from conftest import make_session
 from jobs import allreduce_sum
+
+from airflow_provider_hvd import HorovodRunner, LaunchError, RunCancelledError
+from airflow_provider_hvd.runner.driver import slots, spark_cluster
 
 # Another Spark application that takes both cores of the cluster until its stdin closes.
 HOLDER = """
@@ -95,12 +95,12 @@ def test_standalone_capacity(conf, slots_at_most):
 
 
 def test_master_urls():
-    assert slots.standalone_masters("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
-    assert slots.standalone_masters("spark://[::1]:7077") == [("::1", 7077)]
-    assert slots.standalone_masters("local[2]") == []
+    assert spark_cluster.standalone_masters("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
+    assert spark_cluster.standalone_masters("spark://[::1]:7077") == [("::1", 7077)]
+    assert spark_cluster.standalone_masters("local[2]") == []
     for bad in ("spark://127.0.0.1", "spark://h:7077:7077"):  # no port; a port in the host and the Port field
         with pytest.raises(ValueError, match="needs a host and a port"):
-            slots.standalone_masters(bad)
+            spark_cluster.standalone_masters(bad)
 
 
 @pytest.mark.parametrize("bad", [-1, "600", float("nan"), True])

@@ -6,9 +6,9 @@ import threading
 import time
 
 import pytest
+from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, HorovodRunnerError, RankFailedError
-from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
 
 
 def test_allreduce_in_a_barrier_job(spark_local):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from airflow_provider_hvd import HorovodRunner, LaunchError
 from conftest import make_session
 from jobs import train_linear
 from test_big_payload import BIG, digests, expected
 from test_rank_logs import progress_bar_and_messages
+
+from airflow_provider_hvd import HorovodRunner, LaunchError
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
-from airflow_provider_hvd.runner.slots import DEFAULT_SLOT_WAIT_S, standalone_masters
-from airflow_provider_hvd.runner.spark_launch import default_executor_python
+from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
+from airflow_provider_hvd.runner.driver.spark_cluster import default_executor_python, standalone_masters
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

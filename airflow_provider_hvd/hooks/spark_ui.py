@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_hvd.runner.slots import master_state, master_web_ui
+from airflow_provider_hvd.runner.driver.spark_cluster import master_state, master_web_ui
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

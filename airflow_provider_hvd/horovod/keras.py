@@ -7,7 +7,7 @@ from typing import Any
 
 import keras
 
-from airflow_provider_hvd.runner.control import log_to_driver
+from airflow_provider_hvd.runner.rank.control import log_to_driver
 
 
 def _format_value(value: Any) -> str:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
+from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from airflow_provider_hvd.runner.errors import RunCancelledError
 from airflow_provider_hvd.runner.runner import check_verbosity
-from airflow_provider_hvd.runner.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

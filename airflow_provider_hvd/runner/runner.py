@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .channel import rank_log
-from .local_launch import LocalLauncher
-from .payload import WARN_BYTES, dumps_job
-from .slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
-from .spark_launch import SparkLauncher, active_session
-from .supervisor import Launcher, Supervisor
+from .driver.channel import rank_log
+from .driver.local_launch import LocalLauncher
+from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
+from .driver.spark_cluster import active_session
+from .driver.spark_launch import SparkLauncher
+from .driver.supervisor import Launcher, Supervisor
+from .shared.payload import WARN_BYTES, dumps_job
 
 VERBOSITIES = ("all", "log_callback_only")
 

@@ -12,11 +12,14 @@ from typing import Any, Protocol
 import cloudpickle
 from horovod.runner.common.util.hosts import SlotInfo
 
-from .agent import AgentArgs
+from ..agent.agent import AgentArgs
+from ..shared.gpus import GPU, visible_gpus
+from ..shared.horovod_env import forwarded_settings, slot_env
+from ..shared.messages import AgentFailed as AgentFailedMessage
+from ..shared.messages import Done, Hello, Start
+from ..shared.wire import new_secret
+from .address import CHANNEL, RENDEZVOUS, DriverAddress
 from .channel import AgentConnection, ChannelEvent, DriverChannel
-from .driver_address import CHANNEL, RENDEZVOUS, DriverAddress
-from .messages import AgentFailed as AgentFailedMessage
-from .messages import Done, Hello, Start
 from .outcome import (
     AgentFailed,
     AgentLost,
@@ -29,10 +32,7 @@ from .outcome import (
     RunOutcome,
     StartTimedOut,
 )
-from .gpus import GPU, visible_gpus
-from .rank_env import forwarded_settings
-from .rendezvous import Rendezvous, plan_ranks, slot_env
-from .wire import new_secret
+from .rendezvous import Rendezvous, plan_ranks
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -180,7 +180,7 @@ class Supervisor:
         settings = forwarded_settings(os.environ)
         gpus = self._visible_gpus(plan)
         for conn, slot, seen in zip(self._agents, plan, gpus):
-            start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous)}, slot.local_size, seen)
+            start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous.host, self._rendezvous.port)}, slot.local_size, seen)
             try:
                 conn.start(start)
             except OSError:

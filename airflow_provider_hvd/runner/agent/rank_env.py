@@ -2,7 +2,7 @@
 
 On top of the agent's own environment (the executor's, with ``spark.executorEnv.*``; the driver's for
 local runs): the driver's own ``HOROVOD_*`` settings (``HOROVOD_TIMELINE``, ``HOROVOD_FUSION_THRESHOLD``,
-``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :data:`RUNNER_SET`), then the
+``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :mod:`..shared.horovod_env`), then the
 rank's Horovod slot, the Gloo interface that reaches the driver, and ``OMP_NUM_THREADS`` from the cores the
 rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly,
 and the GPUs it sees (:mod:`.gpus`).
@@ -16,22 +16,9 @@ from collections.abc import Mapping
 
 import psutil
 
-from .gpus import gpu_env
-from .messages import Hello, Start
-
-# what HorovodRunner sets for each rank; the driver's own values of these are not forwarded
-RUNNER_SET = frozenset(
-    {
-        "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-        "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
-        "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE",
-    }
-)
-
-
-def forwarded_settings(driver_env: Mapping[str, str]) -> dict[str, str]:
-    """The driver's ``HOROVOD_*`` settings that every rank gets."""
-    return {key: value for key, value in driver_env.items() if key.startswith("HOROVOD_") and key not in RUNNER_SET}
+from ..shared.gpus import gpu_env
+from ..shared.horovod_env import GLOO_IFACE
+from ..shared.messages import Hello, Start
 
 
 def interface_of(ip: str) -> str:
@@ -59,7 +46,7 @@ def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_o
     """
     env = {
         **base, **start.horovod_env, **gpu_env(start.gpus),
-        "HOROVOD_GLOO_IFACE": interface_of(hello.host), "PYTHONUNBUFFERED": "1",
+        GLOO_IFACE: interface_of(hello.host), "PYTHONUNBUFFERED": "1",
     }
     if not (keep_omp_threads and "OMP_NUM_THREADS" in base):
         env["OMP_NUM_THREADS"] = str(omp_threads(hello, start.local_size))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .errors import LaunchError
+from ..errors import LaunchError
 
 LOOPBACK = "127.0.0.1"
 CHANNEL_PORT_CONF = "spark.horovodRunner.channelPort"

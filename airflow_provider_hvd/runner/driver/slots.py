@@ -7,16 +7,15 @@ never fit (more ranks than a local master's cores or a standalone cluster's) is 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import LaunchError, RunCancelledError
+from ..errors import LaunchError, RunCancelledError
+from .spark_cluster import is_local, master_state
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -27,9 +26,6 @@ DEFAULT_SLOT_WAIT_S = 600.0
 REPORT_EVERY_S = 30.0  # how often a wait for slots is reported (sparkdl warns as often)
 FIRST_REPORT_S = 5.0  # executors of a new application take a few seconds to register: no report before
 POLL_S = 0.5
-# Where the standalone master's web UI is (its /json/ tells the cluster's cores); default http://<master>:8080
-MASTER_WEB_UI_CONF = "spark.horovodRunner.masterWebUiUrl"
-MASTER_WEB_UI_PORT = 8080
 EXECUTOR_GPUS = "spark.executor.resource.gpu.amount"
 TASK_GPUS = "spark.task.resource.gpu.amount"
 
@@ -45,52 +41,6 @@ def slots_now(sc: SparkContext) -> int:
     """How many tasks the application's executors can run at once right now (what a barrier stage needs)."""
     jsc = sc._jsc.sc()  # type: ignore[attr-defined]
     return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
-
-
-def standalone_masters(master: str) -> list[tuple[str, int]]:
-    """``spark://h1:7077,h2:7077`` → ``[("h1", 7077), ("h2", 7077)]``; ``[]`` for other masters.
-
-    Raises ValueError when an entry has no port (Spark would answer ``Invalid master URL``).
-    """
-    if not master.startswith("spark://"):
-        return []
-    masters = []
-    for entry in master.removeprefix("spark://").split(","):
-        match = re.fullmatch(r"(\[[^\]\s]+\]|[^:\[\]\s]+):(\d+)", entry.strip())  # host:port, [v6]:port
-        if match is None:
-            raise ValueError(f"{master!r} is not a standalone master URL: each master needs a host and a port, "
-                             "e.g. spark://spark-master:7077")
-        masters.append((match.group(1).strip("[]"), int(match.group(2))))
-    return masters
-
-
-def master_web_ui(sc: SparkContext) -> str | None:
-    """The standalone master's web UI URL (``spark.horovodRunner.masterWebUiUrl``, else port 8080 of the master)."""
-    configured = sc.getConf().get(MASTER_WEB_UI_CONF)
-    if configured:
-        return configured.rstrip("/")
-    masters = standalone_masters(sc.master)
-    return f"http://{masters[0][0]}:{MASTER_WEB_UI_PORT}" if masters else None
-
-
-def master_state(sc: SparkContext, timeout: float = 5.0) -> dict[str, Any] | None:
-    """The standalone master's ``/json/`` state (workers, cores, applications), or None if it cannot be read.
-
-    Checked to be the state of this application's master, not whatever else answers on that port.
-    """
-    ui = master_web_ui(sc)
-    if ui is None:
-        return None
-    try:
-        with urllib.request.urlopen(f"{ui}/json/", timeout=timeout) as resp:
-            state = json.load(resp)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(state, dict) or not isinstance(state.get("workers"), list):
-        return None
-    ours = {f"{host}:{port}" for host, port in standalone_masters(sc.master)}
-    theirs = {entry.strip() for entry in str(state.get("url", "")).removeprefix("spark://").split(",")}
-    return state if ours & theirs else None
 
 
 def _mebibytes(size: str) -> int:
@@ -143,7 +93,6 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
 
 def slots_at_most(sc: SparkContext) -> int | None:
     """The most task slots this application could ever have, or None where that cannot be known (YARN, k8s)."""
-    from .spark_launch import is_local  # that module launches through this one
 
     if is_local(sc.master):
         return slots_now(sc)  # the driver's own threads: all there from the start

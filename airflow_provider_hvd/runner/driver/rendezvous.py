@@ -111,21 +111,3 @@ def plan_ranks(hosts: list[str]) -> list[SlotInfo]:
     for agent, slot in zip(agents_in_rank_order, slots):
         by_agent[agent] = slot
     return by_agent  # type: ignore[return-value]
-
-
-def slot_env(slot: SlotInfo, rendezvous: Rendezvous) -> dict[str, str]:
-    """The environment that makes ``hvd.init()`` in a rank process join this run over Gloo."""
-    env = {
-        "HOROVOD_RANK": slot.rank,
-        "HOROVOD_SIZE": slot.size,
-        "HOROVOD_LOCAL_RANK": slot.local_rank,
-        "HOROVOD_LOCAL_SIZE": slot.local_size,
-        "HOROVOD_CROSS_RANK": slot.cross_rank,
-        "HOROVOD_CROSS_SIZE": slot.cross_size,
-        "HOROVOD_HOSTNAME": slot.hostname,
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous.host,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": rendezvous.port,
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-    }
-    return {key: str(value) for key, value in env.items()}

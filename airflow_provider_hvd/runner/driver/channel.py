@@ -21,9 +21,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import wire
-from .messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
-from .wire import AuthenticationError, DriverHandshake, FrameDecoder
+from ..shared import wire
+from ..shared.messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
+from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 rank_log = logging.getLogger("airflow_provider_hvd.ranks")

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import reaper
-from .control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
-from .messages import (
+from .. import reaper
+from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
+from ..shared.messages import (
     Abort,
     AgentFailed,
     Done,
@@ -38,9 +38,9 @@ from .messages import (
     receive,
     send,
 )
+from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .rank_env import rank_environment
 from .relay import Outbox, OutputSplitter, Piece
-from .wire import ConnectionClosed, FrameStream, connect_handshake
 
 TAIL_LINES = 50
 CONNECT_TIMEOUT_S = 30.0

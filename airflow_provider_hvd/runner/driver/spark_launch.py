@@ -8,72 +8,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .agent import AgentArgs, run_agent
-from .driver_address import spark_driver_address
-from .errors import LaunchError
-from .messages import Hello
+from ..agent.agent import AgentArgs, run_agent
+from ..shared.messages import Hello
+from .address import spark_driver_address
 from .outcome import LaunchFailed
 from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
+from .spark_cluster import is_local, summary
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
     from pyspark.sql import SparkSession
 
 _TASK_FAILURE_POLL_S = 1.0
-_JVM_FRAME = re.compile(r"\tat |\t\.\.\. \d+ more$")
-_PY4J_CALL = "An error occurred while calling "
-_LOCAL_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
-
-def is_local(master: str) -> bool:
-    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: the executors are threads of the driver's JVM.
-
-    Not ``local-cluster[...]``, whose executors are JVMs of their own.
-    """
-    return _LOCAL_MASTER.fullmatch(master) is not None
-
-
-def summary(exc: BaseException | str) -> str:
-    """An error's message without a JVM stack trace (py4j and Spark put them in the text)."""
-    lines = [line for line in str(exc).splitlines() if not _JVM_FRAME.match(line) and not line.startswith(_PY4J_CALL)]
-    text = "\n".join(lines).strip().removeprefix(": ").removeprefix("org.apache.spark.SparkException: ")
-    return text or repr(exc)
-
-
-def default_executor_python(master: str) -> None:
-    """On a local master the executors run on this host: give them this interpreter unless told otherwise."""
-    if is_local(master):
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-
-def active_session() -> SparkSession:
-    """The active SparkSession, or a new one on ``local[*]`` when there is none."""
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    if spark is None and SparkContext._active_spark_context is not None:
-        spark = SparkSession.builder.getOrCreate()
-    if spark is None:
-        default_executor_python("local[*]")
-        spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").config(
-            "spark.ui.showConsoleProgress", "false"  # a progress bar is noise in a task log
-        ).getOrCreate()
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise LaunchError(
-            "HorovodRunner(np>0) needs a classic SparkSession (a barrier job on a SparkContext); the active "
-            "session is a Spark Connect one (sc://). Use a spark://, yarn, k8s:// or local master, or np<0."
-        )
-    return spark
-
-
 def read_broadcast(payload: Broadcast[bytes]) -> bytes:
     """The job from this executor's copy of the broadcast, not cached in this Python worker afterwards."""
     job = payload.value

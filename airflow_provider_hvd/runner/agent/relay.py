@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 import threading
 
-from .messages import LogBatch, send
-from .wire import FrameStream
+from ..shared.messages import LogBatch, send
+from ..shared.wire import FrameStream
 
 MAX_LINE_BYTES = 64 << 10
 OUTBOX_CAPACITY_BYTES = 32 << 20  # per rank; past it lines are dropped and counted

@@ -14,9 +14,9 @@ import os
 import sys
 import threading
 
-from .messages import DriverMessage, Message, send
-from .reaper import CONTROL_FD_ENV  # the reaper, standard library only, cannot import this module
-from .wire import FrameStream
+from ..reaper import CONTROL_FD_ENV  # the reaper, standard library only, cannot import this module
+from ..shared.messages import DriverMessage, Message, send
+from ..shared.wire import FrameStream
 
 LOG_TOKEN_ENV = "HVD_RUNNER_LOG_TOKEN"
 RANK_PID_ENV = "HVD_RUNNER_RANK_PID"

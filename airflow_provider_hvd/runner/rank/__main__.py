@@ -15,10 +15,10 @@ import sys
 
 import cloudpickle
 
+from ..reaper import PARENT_PID_ENV, die_with_parent
+from ..shared.messages import RankError, RemoteError, Result
+from ..shared.payload import check_fits_frame
 from .control import CONTROL_FD_ENV, RANK_PID_ENV, control_pipe
-from .messages import RankError, RemoteError, Result
-from .payload import check_fits_frame
-from .reaper import PARENT_PID_ENV, die_with_parent
 
 
 def _pickle_result(value: object) -> bytes:

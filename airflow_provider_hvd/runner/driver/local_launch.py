@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import threading
 
-from .agent import AgentArgs, run_agent
-from .driver_address import LOOPBACK_DRIVER
-from .errors import LaunchError
-from .gpus import GPU, host_gpus
-from .messages import Hello
+from ..agent.agent import AgentArgs, run_agent
+from ..errors import LaunchError
+from ..shared.gpus import GPU, host_gpus
+from ..shared.messages import Hello
+from .address import LOOPBACK_DRIVER
 from .outcome import LaunchFailed
 
 

@@ -13,9 +13,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from .messages import Done, RemoteError
-
+from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+from ..shared.messages import Done, RemoteError
 
 OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
 

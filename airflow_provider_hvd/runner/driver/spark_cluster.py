@@ -1,0 +1,114 @@
+"""What the driver needs to know of its Spark application and cluster, for the launcher, the slot count and
+the Airflow hooks alike: the kind of master, the active session, Spark's error text without the JVM's stack
+trace, and the standalone master's state from its web UI (``/json/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LaunchError
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+# Where the standalone master's web UI is (its /json/ tells the cluster's cores); default http://<master>:8080
+MASTER_WEB_UI_CONF = "spark.horovodRunner.masterWebUiUrl"
+MASTER_WEB_UI_PORT = 8080
+_JVM_FRAME = re.compile(r"\tat |\t\.\.\. \d+ more$")
+_PY4J_CALL = "An error occurred while calling "
+_LOCAL_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
+
+def is_local(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: the executors are threads of the driver's JVM.
+
+    Not ``local-cluster[...]``, whose executors are JVMs of their own.
+    """
+    return _LOCAL_MASTER.fullmatch(master) is not None
+
+
+def summary(exc: BaseException | str) -> str:
+    """An error's message without a JVM stack trace (py4j and Spark put them in the text)."""
+    lines = [line for line in str(exc).splitlines() if not _JVM_FRAME.match(line) and not line.startswith(_PY4J_CALL)]
+    text = "\n".join(lines).strip().removeprefix(": ").removeprefix("org.apache.spark.SparkException: ")
+    return text or repr(exc)
+
+
+def default_executor_python(master: str) -> None:
+    """On a local master the executors run on this host: give them this interpreter unless told otherwise."""
+    if is_local(master):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def active_session() -> SparkSession:
+    """The active SparkSession, or a new one on ``local[*]`` when there is none."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None and SparkContext._active_spark_context is not None:
+        spark = SparkSession.builder.getOrCreate()
+    if spark is None:
+        default_executor_python("local[*]")
+        spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").config(
+            "spark.ui.showConsoleProgress", "false"  # a progress bar is noise in a task log
+        ).getOrCreate()
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise LaunchError(
+            "HorovodRunner(np>0) needs a classic SparkSession (a barrier job on a SparkContext); the active "
+            "session is a Spark Connect one (sc://). Use a spark://, yarn, k8s:// or local master, or np<0."
+        )
+    return spark
+
+
+
+def standalone_masters(master: str) -> list[tuple[str, int]]:
+    """``spark://h1:7077,h2:7077`` → ``[("h1", 7077), ("h2", 7077)]``; ``[]`` for other masters.
+
+    Raises ValueError when an entry has no port (Spark would answer ``Invalid master URL``).
+    """
+    if not master.startswith("spark://"):
+        return []
+    masters = []
+    for entry in master.removeprefix("spark://").split(","):
+        match = re.fullmatch(r"(\[[^\]\s]+\]|[^:\[\]\s]+):(\d+)", entry.strip())  # host:port, [v6]:port
+        if match is None:
+            raise ValueError(f"{master!r} is not a standalone master URL: each master needs a host and a port, "
+                             "e.g. spark://spark-master:7077")
+        masters.append((match.group(1).strip("[]"), int(match.group(2))))
+    return masters
+
+
+def master_web_ui(sc: SparkContext) -> str | None:
+    """The standalone master's web UI URL (``spark.horovodRunner.masterWebUiUrl``, else port 8080 of the master)."""
+    configured = sc.getConf().get(MASTER_WEB_UI_CONF)
+    if configured:
+        return configured.rstrip("/")
+    masters = standalone_masters(sc.master)
+    return f"http://{masters[0][0]}:{MASTER_WEB_UI_PORT}" if masters else None
+
+
+def master_state(sc: SparkContext, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The standalone master's ``/json/`` state (workers, cores, applications), or None if it cannot be read.
+
+    Checked to be the state of this application's master, not whatever else answers on that port.
+    """
+    ui = master_web_ui(sc)
+    if ui is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"{ui}/json/", timeout=timeout) as resp:
+            state = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("workers"), list):
+        return None
+    ours = {f"{host}:{port}" for host, port in standalone_masters(sc.master)}
+    theirs = {entry.strip() for entry in str(state.get("url", "")).removeprefix("spark://").split(",")}
+    return state if ours & theirs else None

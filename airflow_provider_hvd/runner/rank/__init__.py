@@ -1,0 +1,1 @@
+"""The rank process: ``python -m airflow_provider_hvd.runner.rank`` runs ``main``; :mod:`.control` has ``log_to_driver``."""
