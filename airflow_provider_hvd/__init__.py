@@ -1,41 +1,46 @@
 """Distributed deep learning with Horovod, launched on Spark, driven from Airflow.
 
 ``HorovodRunner`` and ``log_to_driver`` work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and
-``horovod_task`` need it and are imported on first use, so that the core never imports Airflow.
+``horovod_task`` need it. Every name is imported on first use: importing the package (as Airflow does to
+discover the provider) imports neither Airflow nor Horovod, torch or pyspark.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
-
-from . import runner
-from .runner import (
-    HorovodRunner,
-    HorovodRunnerError,
-    LaunchError,
-    RankFailedError,
-    RunCancelledError,
-    log_to_driver,
-)
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# name → module of the Airflow layer that defines it
-_AIRFLOW_EXPORTS = {
+# name → the module that defines it
+_EXPORTS = {
+    "HorovodRunner": "airflow_provider_hvd.runner.runner",
+    "HorovodRunnerError": "airflow_provider_hvd.runner.errors",
+    "LaunchError": "airflow_provider_hvd.runner.errors",
+    "RankFailedError": "airflow_provider_hvd.runner.errors",
+    "RunCancelledError": "airflow_provider_hvd.runner.errors",
+    "log_to_driver": "airflow_provider_hvd.runner.rank.control",
     "HorovodHook": "airflow_provider_hvd.hooks.horovod",
     "HorovodRunnerOperator": "airflow_provider_hvd.operators.horovod",
     "horovod_task": "airflow_provider_hvd.decorators.horovod",
 }
 
-__all__ = [*runner.__all__, *_AIRFLOW_EXPORTS]
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from airflow_provider_hvd.decorators.horovod import horovod_task
+    from airflow_provider_hvd.hooks.horovod import HorovodHook
+    from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
+    from airflow_provider_hvd.runner.errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+    from airflow_provider_hvd.runner.rank.control import log_to_driver
+    from airflow_provider_hvd.runner.runner import HorovodRunner
 
 
 def __getattr__(name: str) -> Any:
-    if name in _AIRFLOW_EXPORTS:
-        return getattr(importlib.import_module(_AIRFLOW_EXPORTS[name]), name)
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_AIRFLOW_EXPORTS})
+    return sorted({*globals(), *_EXPORTS})

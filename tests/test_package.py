@@ -40,6 +40,10 @@ def test_the_wheel_says_what_pip_and_airflow_read(wheel):
     assert licenses and b"Apache License" in wheel.read(licenses[0]) and b"Version 2.0" in wheel.read(licenses[0])
     entry_points = next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
     assert b"[apache_airflow_provider]" in wheel.read(entry_points)
+    # `pip install airflow-provider-hvd` alone must not try to build Horovod from its sdist (it fails on torch
+    # >= 2.1): Horovod is the `horovod` extra, which scripts/install_horovod.py satisfies
+    requires = meta.get_all("Requires-Dist")
+    assert [r for r in requires if r.startswith("horovod")] == ['horovod==0.28.1; extra == "horovod"']
 
 
 def test_the_build_requirements_fit_the_license_field():

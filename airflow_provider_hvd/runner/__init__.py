@@ -18,9 +18,19 @@ package / module    runs in                                     what it does
 ==================  ==========================================  ===============================================
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from .rank.control import log_to_driver
-from .runner import HorovodRunner
+
+if TYPE_CHECKING:
+    from .rank.control import log_to_driver
+    from .runner import HorovodRunner
+
+# imported on first use: a rank process (which imports log_to_driver) does not load the driver's modules
+_LAZY = {"HorovodRunner": ".runner", "log_to_driver": ".rank.control"}
 
 __all__ = [
     "HorovodRunner",
@@ -30,3 +40,9 @@ __all__ = [
     "RunCancelledError",
     "log_to_driver",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,17 +9,36 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .driver.channel import rank_log
+from .errors import LaunchError
 from .driver.local_launch import LocalLauncher
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
-from .driver.supervisor import Launcher, Supervisor
 from .shared.payload import WARN_BYTES, dumps_job
 
+if TYPE_CHECKING:
+    from .driver.supervisor import Launcher, Supervisor
+
 VERBOSITIES = ("all", "log_callback_only")
+HOROVOD_MISSING = (
+    "HorovodRunner needs Horovod on the driver and on every executor, and it is not installed here. "
+    "Horovod 0.28.1 does not build from PyPI against torch >= 2.1: install it with this project's "
+    "scripts/install_horovod.py (see the README's \"Install\"), e.g. `python scripts/install_horovod.py`."
+)
+
+
+def _supervisor_class() -> type[Supervisor]:
+    """The driver's supervisor, imported when a run starts: Horovod is needed from then on, not before."""
+    try:
+        from .driver.supervisor import Supervisor
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] == "horovod":
+            raise LaunchError(HOROVOD_MISSING) from exc
+        raise
+    return Supervisor
 
 
 def check_verbosity(driver_log_verbosity: str) -> None:
@@ -122,7 +141,7 @@ class HorovodRunner:
                 launcher = SparkLauncher(
                     active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
                 )
-            supervisor = Supervisor(
+            supervisor = _supervisor_class()(
                 launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's

@@ -7,10 +7,9 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
-from horovod.runner.common.util.hosts import SlotInfo
 
 from ..agent.agent import AgentArgs
 from ..shared.gpus import GPU, visible_gpus
@@ -18,6 +17,9 @@ from ..shared.horovod_env import forwarded_settings, slot_env
 from ..shared.messages import AgentFailed as AgentFailedMessage
 from ..shared.messages import Done, Hello, Start
 from ..shared.wire import new_secret
+
+if TYPE_CHECKING:
+    from horovod.runner.common.util.hosts import SlotInfo
 from .address import CHANNEL, RENDEZVOUS, DriverAddress
 from .channel import AgentConnection, ChannelEvent, DriverChannel
 from .outcome import (
