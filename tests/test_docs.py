@@ -49,3 +49,18 @@ def test_the_source_archive_carries_the_docs_and_what_the_readme_runs(tmp_path):
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     wanted = {"docs/index.md", "mkdocs.yml", "CHANGELOG.md", "constraints.txt", "scripts/install_horovod.py"}
     assert wanted <= names, f"missing from the sdist: {sorted(wanted - names)}"
+
+
+def test_the_docs_build_fails_on_a_broken_link_or_reference(tmp_path):
+    """mkdocs.yml itself is strict: a dead link, a missing anchor or an unresolved reference fails the build."""
+    for part in ("docs", "airflow_provider_hvd", "scripts"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("mkdocs.yml", "CHANGELOG.md"):
+        shutil.copy(ROOT / part, tmp_path / part)
+    build = [sys.executable, "-m", "mkdocs", "build", "--site-dir", str(tmp_path / "site")]
+    with (tmp_path / "docs" / "index.md").open("a") as page:
+        page.write("\n[gone](gone.md) [no anchor](guide/runner.md#nowhere) [nothing][airflow_provider_hvd.Nothing]\n")
+    broken = subprocess.run(build, cwd=tmp_path, capture_output=True, text=True)
+    assert broken.returncode != 0
+    for named in ("gone.md", "#nowhere", "airflow_provider_hvd.Nothing"):
+        assert named in broken.stderr, broken.stderr
