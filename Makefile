@@ -10,7 +10,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export KERAS_BACKEND ?= torch
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test docs demo bench clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	$(PIP) install --upgrade pip setuptools wheel packaging
 	$(PIP) install torch==2.13.0
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) scripts/install_horovod.py
-	$(PIP) install -e '.[horovod,airflow,torch,keras,dev]'
+	$(PIP) install -e '.[horovod,airflow,torch,keras,dev,docs]'
 	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
 	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.
 	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \
@@ -28,7 +28,13 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	touch $(STAMP)
 
 test: setup
+	$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -ra
+
+# The documentation site, in strict mode: a warning, a broken link or an unresolved reference fails it
+# (not with --quiet, which hides the warnings that strict mode counts).
+docs: setup
+	$(PY) -m mkdocs build --strict
 
 demo: setup
 	AIRFLOW_HOME=$(AIRFLOW_HOME) scripts/demo.sh $(PY)
@@ -40,4 +46,4 @@ bench: setup
 	$(PY) benchmarks/scale.py
 
 clean:
-	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse
+	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse site
