@@ -203,6 +203,9 @@ class _Counter(logging.Handler):
         self.received[rank] += 1
 
 
+FLOOD_LINES = 100_000  # ordering and drop accounting show at this size; benchmarks/logs.py measures throughput
+
+
 def flood(lines: int, width: int = 0) -> int:
     import sys
 
@@ -217,18 +220,18 @@ def flood(lines: int, width: int = 0) -> int:
     return lines
 
 
-def test_a_million_line_flood_completes(spark_local):
+def test_a_flood_of_lines_arrives_in_order_or_is_counted_as_dropped(spark_local):
     counter = _Counter()
     rank_log.addHandler(counter)
-    rank_log.propagate = False  # 2M records would swamp pytest's log capture
+    rank_log.propagate = False  # 200k records would swamp pytest's log capture
     try:
-        assert HorovodRunner(np=2, driver_log_verbosity="all").run(flood, lines=1_000_000) == 1_000_000
+        assert HorovodRunner(np=2, driver_log_verbosity="all").run(flood, lines=FLOOD_LINES) == FLOOD_LINES
     finally:
         rank_log.propagate = True
         rank_log.removeHandler(counter)
     assert counter.out_of_order == 0
     for rank in (0, 1):  # every line arrived, or the driver said that it dropped it
-        assert counter.received[rank] + counter.dropped[rank] == 1_000_000
+        assert counter.received[rank] + counter.dropped[rank] == FLOOD_LINES
 
 
 class _SlowStart(_Counter):
@@ -312,7 +315,8 @@ def test_the_outbox_bound_counts_bytes_not_characters():
     stream.released.set()
     outbox.close()
     kept = 200 - outbox.total_dropped
-    assert 3000 * kept <= 64 << 10 + 2 * 3004 and kept >= 19
+    # 3,004 bytes a line on the wire: 21 fit in 64 KiB (65 would, were characters counted instead of bytes)
+    assert 19 <= kept <= (64 << 10) // 3004
 
 
 def progress_bar_and_messages() -> None:
