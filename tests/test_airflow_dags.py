@@ -107,14 +107,6 @@ def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, ca
     assert SparkContext._active_spark_context is None, "the task's SparkContext (and its jobs) outlived it"
 
 
-def test_dag_task_on_the_standalone_cluster(example_dags, standalone_cluster, monkeypatch):
-    host_port = standalone_cluster.url.removeprefix("spark://")
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", f"spark://{host_port}?spark.cores.max=2")
-    run = example_dags["horovod_operator_example"].test()
-    assert states(run) == {"allreduce": "success"}
-    assert xcom(run, "allreduce") == {"average": 2.0, "size": 2}
-
-
 def test_airflow_tasks_test_from_the_command_line():
     env = {**os.environ, "AIRFLOW_CONN_SPARK_DEFAULT": LOCAL2}
     proc = subprocess.run(

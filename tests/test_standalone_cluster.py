@@ -10,7 +10,7 @@ from jobs import train_linear
 from test_big_payload import BIG, digests, expected
 from test_rank_logs import progress_bar_and_messages
 
-from airflow_provider_hvd import HorovodRunner, LaunchError
+from airflow_provider_hvd import HorovodRunner
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,6 @@ def test_ranks_land_on_two_executors_and_train(cluster_session):
 def test_a_200_mb_argument_arrives_intact_on_both_executors(cluster_session):
     blob = os.urandom(BIG)
     assert HorovodRunner(np=2).run(digests, blob=blob) == expected(blob, 2)
-
-
-def test_too_many_ranks_for_the_cluster(cluster_session):
-    with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* has 2"):
-        HorovodRunner(np=3).run(train_linear)
 
 
 def test_executor_logs_keep_unrelayed_lines_and_never_show_a_marker(cluster_session, standalone_cluster, caplog):
