@@ -10,7 +10,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export KERAS_BACKEND ?= torch
 
-.PHONY: setup test docs demo bench clean
+.PHONY: setup test check docs demo bench clean
 
 setup: $(STAMP)
 
@@ -28,8 +28,15 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	touch $(STAMP)
 
 test: setup
-	$(MAKE) --no-print-directory docs
+	$(MAKE) --no-print-directory check
 	$(PY) -m pytest -ra
+
+# The linter, the formatter's check and the type checker (strict on the core runner), then the docs.
+check: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(MAKE) --no-print-directory docs
 
 # The documentation site, in strict mode: a warning, a broken link or an unresolved reference fails it
 # (not with --quiet, which hides the warnings that strict mode counts).
