@@ -1,0 +1,45 @@
+"""Real training, one rank raises: the run names that rank, with its own traceback, whichever report comes first.
+
+When a rank raises, the others are inside an allreduce; Horovod shuts down under them, and their
+``HorovodInternalError`` may reach the driver before the failing rank's own report. Each rank in turn is the
+one that raises, several times, on local ranks and on Spark.
+"""
+
+from __future__ import annotations
+
+import pytest
+from jobs import allreduce_until_failure
+
+from airflow_provider_hvd import HorovodRunner, RankFailedError
+
+REPEATS = 3
+FAIL_AT = 5
+
+
+def assert_blames(error: RankFailedError, bad_rank: int, size: int) -> None:
+    message = str(error)
+    assert error.rank == bad_rank, message
+    assert message.startswith(f"Horovod rank {bad_rank} of {size} failed: ValueError: boom from rank {bad_rank}"), message
+    assert error.remote_traceback is not None, message
+    assert error.remote_traceback.rstrip().endswith(f"ValueError: boom from rank {bad_rank} at step {FAIL_AT}")
+    assert "in allreduce_until_failure" in error.remote_traceback
+    others = sorted(int(line.split()[1].rstrip(":")) for line in error.other_failures)
+    assert others == [rank for rank in range(size) if rank != bad_rank], message
+
+
+def run_failing(np: int, bad_rank: int) -> RankFailedError:
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=np).run(allreduce_until_failure, bad_rank=bad_rank, fail_at=FAIL_AT)
+    return info.value
+
+
+@pytest.mark.parametrize("repeat", range(REPEATS))
+@pytest.mark.parametrize(("np", "bad_rank"), [(-2, 0), (-2, 1), (-3, 0), (-3, 1), (-3, 2)])
+def test_local_run_names_the_rank_that_raised(np, bad_rank, repeat):
+    assert_blames(run_failing(np, bad_rank), bad_rank, -np)
+
+
+@pytest.mark.parametrize("repeat", range(REPEATS))
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_spark_run_names_the_rank_that_raised(spark_local, bad_rank, repeat):
+    assert_blames(run_failing(2, bad_rank), bad_rank, 2)
