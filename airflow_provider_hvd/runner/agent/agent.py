@@ -38,6 +38,7 @@ from ..shared.messages import (
     receive,
     send,
 )
+from ..shared.rank_tag import tagged
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .rank_env import rank_environment
 from .relay import Outbox, OutputSplitter, Piece
@@ -110,7 +111,7 @@ class _RankProcess:
 
     def _echo(self, text: str, relayed: bool) -> None:
         if self._args.echo_output and (self._args.echo_relayed or not relayed):
-            sys.stderr.write(f"[rank {self.rank}] {text}\n")
+            sys.stderr.write(tagged(self.rank, text) + "\n")
 
     def _take(self, piece: Piece) -> None:
         if isinstance(piece, int):  # a log_to_driver message: relayed whatever the verbosity
