@@ -12,14 +12,18 @@ from jobs import allreduce_until_failure
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 
-REPEATS = 3
+REPEATS = 2  # each rank raises twice per configuration: 14 runs; the defect showed in 9 of 21 runs before
 FAIL_AT = 5
 
 
 def assert_blames(error: RankFailedError, bad_rank: int, size: int) -> None:
     message = str(error)
     assert error.rank == bad_rank, message
-    assert message.startswith(f"Horovod rank {bad_rank} of {size} failed: ValueError: boom from rank {bad_rank}"), message
+    first_line = message.splitlines()[0]
+    assert (
+        first_line
+        == f"Horovod rank {bad_rank} of {size} failed: ValueError: boom from rank {bad_rank} at step {FAIL_AT}"
+    )
     assert error.remote_traceback is not None, message
     assert error.remote_traceback.rstrip().endswith(f"ValueError: boom from rank {bad_rank} at step {FAIL_AT}")
     assert "in allreduce_until_failure" in error.remote_traceback

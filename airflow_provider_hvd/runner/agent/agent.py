@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ class _RankProcess:
         self.error: RemoteError | None = None
         self.reported = threading.Event()
         self.terminated_by: str | None = None
+        self.ended_at: float | None = None  # when its control pipe closed: the rank process had ended
         self._messages: dict[int, str] = {}
         self._messages_cond = threading.Condition()
         self._stop_reading = threading.Event()
@@ -158,6 +160,7 @@ class _RankProcess:
                     self.error = message.error
                 self.reported.set()
         except ConnectionClosed:
+            self.ended_at = time.time()  # the failure's time at its source, for one that died without an exception
             return
         finally:
             self.reported.set()  # the rank is gone, whether it reported or not
@@ -218,6 +221,7 @@ def _run_rank(
             terminated_by=rank_process.terminated_by,
             tail=list(rank_process.tail),
             dropped=outbox.total_dropped,
+            ended_at=rank_process.ended_at,
         ),
     )
     return watcher
