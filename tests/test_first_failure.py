@@ -29,6 +29,8 @@ def assert_blames(error: RankFailedError, bad_rank: int, size: int) -> None:
     assert "in allreduce_until_failure" in error.remote_traceback
     others = sorted(int(line.split()[1].rstrip(":")) for line in error.other_failures)
     assert others == [rank for rank in range(size) if rank != bad_rank], message
+    for line in error.other_failures:  # each a consequence of the cause, or ended by the driver because of it
+        assert line.endswith((f"(a consequence of rank {bad_rank}'s failure)", f"(rank {bad_rank} failed)")), line
 
 
 def run_failing(np: int, bad_rank: int) -> RankFailedError:
