@@ -99,3 +99,19 @@ def assert_all_gone(pids: list[int], within: float = 15.0) -> None:
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
     assert not [pid for pid in pids if alive(pid)], "rank processes outlived the run"
+
+
+def allreduce_until_failure(bad_rank: int, fail_at: int = 5) -> None:
+    """Every rank allreduces a gradient-sized tensor in a loop; ``bad_rank`` raises at step ``fail_at``.
+
+    The other ranks are then inside an allreduce, as in real training, and fail when Horovod shuts down.
+    """
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    grad = torch.ones(1 << 14)
+    for step in range(1_000_000):
+        if hvd.rank() == bad_rank and step == fail_at:
+            raise ValueError(f"boom from rank {bad_rank} at step {step}")
+        hvd.allreduce(grad, name="grad")

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from ..shared.messages import (
     receive,
     send,
 )
+from ..shared.rank_tag import tagged
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .rank_env import rank_environment
 from .relay import Outbox, OutputSplitter, Piece
@@ -75,6 +77,7 @@ class _RankProcess:
         self.error: RemoteError | None = None
         self.reported = threading.Event()
         self.terminated_by: str | None = None
+        self.ended_at: float | None = None  # when its control pipe closed: the rank process had ended
         self._messages: dict[int, str] = {}
         self._messages_cond = threading.Condition()
         self._stop_reading = threading.Event()
@@ -110,7 +113,7 @@ class _RankProcess:
 
     def _echo(self, text: str, relayed: bool) -> None:
         if self._args.echo_output and (self._args.echo_relayed or not relayed):
-            sys.stderr.write(f"[rank {self.rank}] {text}\n")
+            sys.stderr.write(tagged(self.rank, text) + "\n")
 
     def _take(self, piece: Piece) -> None:
         if isinstance(piece, int):  # a log_to_driver message: relayed whatever the verbosity
@@ -157,6 +160,7 @@ class _RankProcess:
                     self.error = message.error
                 self.reported.set()
         except ConnectionClosed:
+            self.ended_at = time.time()  # the failure's time at its source, for one that died without an exception
             return
         finally:
             self.reported.set()  # the rank is gone, whether it reported or not
@@ -217,6 +221,7 @@ def _run_rank(
             terminated_by=rank_process.terminated_by,
             tail=list(rank_process.tail),
             dropped=outbox.total_dropped,
+            ended_at=rank_process.ended_at,
         ),
     )
     return watcher

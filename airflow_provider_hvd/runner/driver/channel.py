@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..shared import wire
 from ..shared.messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
+from ..shared.rank_tag import RANK_LINE, RANK_TAG
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -303,11 +304,11 @@ class DriverChannel:
         if batch.dropped:
             conn.lines_dropped += batch.dropped
             rank_log.warning(
-                "[rank %s] %d lines of output were dropped here: the driver did not keep up (%d in all)",
+                RANK_TAG + " %d lines of output were dropped here: the driver did not keep up (%d in all)",
                 conn.rank, batch.dropped, conn.lines_dropped,
             )
         for text in batch.lines:
-            rank_log.info("[rank %s] %s", conn.rank, text)
+            rank_log.info(RANK_LINE, conn.rank, text)
 
     def close(self) -> None:
         """Stop listening and close every connection (agents still running end their ranks); wait for the loop."""

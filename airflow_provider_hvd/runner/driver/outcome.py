@@ -1,27 +1,35 @@
-"""How a run ends, decided in one place: the first real cause wins, and it alone names the error raised.
+"""How a run ends, decided in one place (the driver's state machine; :mod:`.report` words the error).
 
-The supervisor feeds every event of a run to :class:`RunOutcome`. The first cause (a rank that failed, an
-agent lost or failed, a launch that failed, a start that timed out, or ``cancel()``) ends the run; what
-happens after it (ranks ended by the driver, the Spark job cancelled by the driver) is its collateral and
-never replaces it. The run's own cancellation of its Spark job is never a cause.
+The supervisor feeds every event of a run to :class:`RunOutcome`. ``cancel()``, a launch that failed and a
+start that timed out end the run at once. A rank or agent that fails once the ranks run opens a short
+window (:data:`SETTLE_S`): the reports that race it arrive, and the cause is the earliest *real* failure by
+the time it happened at its source. Horovod's shutdown errors on the other ranks are consequences
+(:mod:`.consequences`); one is the cause only when no real failure is reported. What happens after the
+decision (ranks ended by the driver, the Spark job cancelled by the driver) is collateral and never replaces
+the cause, except that a real failure which happened before the decision, reported late, still wins over a
+consequence. The run's own cancellation of its Spark job is never a cause. The rule is in docs/failures.md.
 """
 
 from __future__ import annotations
 
 import enum
-import signal
-from collections.abc import Callable
+import math
+import time
 from dataclasses import dataclass
 
-from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
 from ..shared.messages import Done, RemoteError
+from .consequences import is_consequence
 
-OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
+# How long the driver waits, after the first failure, for the reports racing it before naming the cause.
+# The failing rank's own report comes within milliseconds of its peers' shutdown errors (they follow it),
+# but behind them often enough; 1 s covers that on a loaded host and delays the end of a failed run by 1 s.
+SETTLE_S = 1.0
 
 
 class Phase(enum.Enum):
     STARTING = "starting"  # agents are saying hello; no rank process yet
     RUNNING = "running"  # every rank was started
+    SETTLING = "settling"  # a rank failed: the reports racing it are awaited for SETTLE_S before naming the cause
     ENDING = "ending"  # a cause was recorded, or every rank reported: the rest is collateral
 
 
@@ -40,6 +48,7 @@ class RankFailed:
     rank: int
     where: str
     done: Done
+    received_at: float | None = None  # when the driver got it (time.time()); its source time is in ``done``
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class AgentLost:
     where: str
     detail: str
     task: tuple[int, int] | None = None  # (partition, attempt) of its Spark task, to look up Spark's reason
+    received_at: float | None = None  # when the driver saw the connection end (time.time()): no agent can say
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class AgentFailed:
     rank: int | None
     where: str
     error: RemoteError
+    received_at: float | None = None  # when the driver got it (time.time()); its source time is ``error.at``
 
 
 @dataclass(frozen=True)
@@ -86,29 +97,53 @@ class Cancelled:
 Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+Failure = RankFailed | AgentLost | AgentFailed
+FAILURES = (RankFailed, AgentLost, AgentFailed)
 
 
-def _who(rank: int | None, where: str) -> str:
-    return f"rank {rank}" if rank is not None else f"the agent {where}"
+def source_time(event: Failure) -> float | None:
+    """When ``event`` happened where it happened, by that host's wall clock (time.time()).
+
+    A rank's exception is stamped when the rank process caught it; a rank that died without one, when its
+    agent saw it end; an agent's own exception, when it caught it; a lost agent, when the driver saw its
+    connection end (nobody else can tell). Hosts' clocks differ by the error of their time sync, milliseconds
+    with NTP: that orders two real failures fairly unless they happened within that error of each other, and
+    then either is a fair cause. Consequences are told apart by what they are, not by their time.
+    """
+    if isinstance(event, RankFailed):
+        done = event.done
+        stamped = done.error.at if done.error is not None else done.ended_at
+    elif isinstance(event, AgentFailed):
+        stamped = event.error.at
+    else:
+        stamped = None
+    return stamped if stamped is not None else event.received_at
+
+
+def is_consequence_event(event: Failure) -> bool:
+    """A rank that failed because another did (Horovod shut down under it); agents' failures are their own."""
+    return isinstance(event, RankFailed) and is_consequence(event.done)
+
+
+def _driver_ended(event: Failure) -> bool:
+    """The driver ended this rank (after the run's cause was decided); it did not fail on its own."""
+    return isinstance(event, RankFailed) and event.done.terminated_by is not None and event.done.error is None
 
 
 class RunOutcome:
     """The state machine of one run of ``size`` ranks."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, settle_s: float = SETTLE_S) -> None:
         self.size = size
+        self.settle_s = settle_s
         self.phase = Phase.STARTING
-        self.cause: Event | None = None
-        self.collateral: list[Event] = []
+        self.cause: Event | None = None  # what ended the run, as decided (the other ranks were told this)
+        self.collateral: list[Event] = []  # the other failures, in the order they arrived
         self.succeeded: set[int] = set()
+        self.settle_until: float | None = None  # (time.monotonic()) the window after the first failure ends
+        self.decided_at: float | None = None  # (time.time()) when the cause was decided
         self._phase_at_cause = Phase.STARTING
+        self._candidates: list[Failure] = []  # failures that may be the cause, in the order they arrived
 
     def started(self) -> None:
         if self.phase is Phase.STARTING:
@@ -118,107 +153,98 @@ class RunOutcome:
     def ending(self) -> bool:
         return self.phase is Phase.ENDING
 
-    def record(self, event: Event) -> str | None:
-        """Take an event; returns the reason to end the run's other ranks when this event ends the run."""
+    @property
+    def started_before_cause(self) -> bool:
+        """The ranks had all started when the cause happened (else the run failed while starting)."""
+        return self._phase_at_cause is not Phase.STARTING
+
+    def record(self, event: Event, now: float | None = None) -> Event | None:
+        """Take an event (``now``: its time.monotonic()); returns the run's cause when this event decides it:
+        then the run's other ranks are to be ended."""
         if isinstance(event, RankSucceeded):
             self.succeeded.add(event.rank)
-            if len(self.succeeded) == self.size:
+            if self.phase is not Phase.SETTLING and len(self.succeeded) == self.size:
                 self.phase = Phase.ENDING
-            return None
+            return self._decide_if_all_reported()
         if self.phase is Phase.ENDING:
-            if not isinstance(event, (LaunchFailed, Cancelled)):  # the run's own doing: not worth a line
+            if isinstance(event, FAILURES):  # not LaunchFailed or Cancelled: the run's own doing, not worth a line
                 self.collateral.append(event)
+                if self._happened_before_decision(event):
+                    self._candidates.append(event)
             return None
-        self.cause = event
+        if isinstance(event, FAILURES) and self.phase is not Phase.STARTING:
+            self._candidates.append(event)
+            if self.phase is Phase.RUNNING:
+                self.phase = Phase.SETTLING
+                self.settle_until = (time.monotonic() if now is None else now) + self.settle_s
+            return self._decide_if_all_reported()
+        if self.phase is Phase.SETTLING:
+            if isinstance(event, Cancelled):
+                return self._decide()  # no more waiting; the failure that came first is still the cause
+            return None  # a launch failure now is the rank failure's doing (Spark failed the job after it)
+        if isinstance(event, FAILURES):  # before the ranks start: no Horovod yet, so no consequences to wait for
+            self._candidates.append(event)
+        self._end(event)
+        return event
+
+    def due(self, now: float | None = None) -> Event | None:
+        """The cause, once the window after the first failure has passed (``now``: time.monotonic())."""
+        if self.phase is not Phase.SETTLING:
+            return None
+        assert self.settle_until is not None
+        if (time.monotonic() if now is None else now) < self.settle_until:
+            return None
+        return self._decide()
+
+    def verdict(self) -> tuple[Event | None, list[Event]]:
+        """The cause the run's error names, and the run's other failures in the order they arrived.
+
+        That is the decided cause, unless a failure reported after the decision happened before it and comes
+        first by the same rule: a rank that raised but reported after the window closed on its consequences.
+        """
+        cause = self.cause
+        if isinstance(cause, FAILURES):
+            cause = self._first_failure()
+        others = [event for event in self.collateral if event is not cause]
+        if cause is not self.cause and self.cause is not None:
+            others.insert(0, self.cause)
+        return cause, others
+
+    def _end(self, cause: Event) -> None:
+        self.cause = cause
         self._phase_at_cause = self.phase
         self.phase = Phase.ENDING
-        if isinstance(event, Cancelled):
-            return "the run was cancelled"
-        if isinstance(event, LaunchFailed):
-            return f"{event.what} failed"
-        if isinstance(event, StartTimedOut):
-            return "the ranks did not all start in time"
-        return f"{_who(event.rank, event.where)} failed"
+        self.decided_at = time.time()
 
-    def error(self, spark_reason: Callable[[tuple[int, int]], str | None] = lambda task: None) -> HorovodRunnerError | None:
-        """The error the run raises (None: it succeeded). ``spark_reason`` says why Spark ended a task, if known."""
-        cause = self.cause
-        if cause is None:
+    def _decide(self) -> Event:
+        cause = self._first_failure()
+        self.collateral = [event for event in self._candidates if event is not cause] + self.collateral
+        self._end(cause)
+        return cause
+
+    def _decide_if_all_reported(self) -> Event | None:
+        if self.phase is not Phase.SETTLING:
             return None
-        if isinstance(cause, Cancelled):
-            return RunCancelledError("HorovodRunner: the run was cancelled; every rank was ended")
-        if isinstance(cause, StartTimedOut):
-            return LaunchError(
-                f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
-                "the cluster may be short of task slots or the executors cannot reach this driver"
-            )
-        if isinstance(cause, LaunchFailed):
-            error = LaunchError if self._phase_at_cause is Phase.STARTING else HorovodRunnerError
-            exc = error(f"{cause.what} failed: {cause.reason}")
-            exc.__cause__ = cause.exc
-            return exc
-        before_start = self._phase_at_cause is Phase.STARTING
-        if isinstance(cause, AgentFailed):
-            of_rank = f" of rank {cause.rank}" if cause.rank is not None else ""
-            text = (
-                f"the HorovodRunner agent{of_rank} {cause.where} failed: {cause.error.line()}\n"
-                f"--- the agent's traceback ---\n{cause.error.traceback.rstrip()}"
-            )
-            if before_start:
-                return LaunchError(text)
-            return self._rank_failed(cause.rank, text, exit_code=None, traceback=cause.error.traceback, tail=[])
-        if isinstance(cause, AgentLost):
-            reason = (spark_reason(cause.task) if cause.task else None) or cause.detail
-            text = (
-                f"{_who(cause.rank, cause.where)} lost its agent {cause.where}: {reason}"
-                if before_start or cause.rank is None
-                else f"Horovod rank {cause.rank} of {self.size} failed: its agent {cause.where} was lost "
-                f"(its Spark task, executor or host died): {reason}"
-            )
-            if before_start or cause.rank is None:
-                return LaunchError(text)
-            return self._rank_failed(cause.rank, text, exit_code=None, traceback=None, tail=[])
-        assert isinstance(cause, RankFailed)
-        done = cause.done
-        parts = [f"Horovod rank {cause.rank} of {self.size} failed: {self._rank_line(done)}"]
-        if done.error:
-            parts.append(f"--- remote traceback (rank {cause.rank}) ---\n{done.error.traceback.rstrip()}")
-        if done.tail:
-            parts.append(f"--- last {len(done.tail)} lines of rank {cause.rank}'s output ---\n" + "\n".join(done.tail))
-        return self._rank_failed(
-            cause.rank, "\n".join(parts), done.exit_code, done.error.traceback if done.error else None, done.tail
-        )
+        failed = {event.rank for event in self._candidates}
+        if len(self.succeeded | failed) < self.size:
+            return None
+        return self._decide()
 
-    @staticmethod
-    def _rank_line(done: Done) -> str:
-        if done.terminated_by:
-            return f"ended by the driver ({done.terminated_by})"
-        if done.error:
-            return done.error.line()
-        if done.exit_code == 0:
-            return "exited without returning a result"
-        return f"{describe_exit(done.exit_code)} without a Python exception"
+    def _first_failure(self) -> Failure:
+        """The earliest real failure by its source time; the earliest consequence if none is real.
+        Failures without a time keep the order they arrived in, after those with one."""
 
-    def _collateral_lines(self) -> list[str]:
-        lines = []
-        for event in self.collateral:
-            if isinstance(event, RankFailed):
-                lines.append(f"rank {event.rank}: {self._rank_line(event.done)}")
-            elif isinstance(event, AgentLost):
-                lines.append(f"{_who(event.rank, event.where)}: lost its agent {event.where}: {event.detail}")
-            elif isinstance(event, AgentFailed):
-                lines.append(f"{_who(event.rank, event.where)}: its agent failed: {event.error.line()}")
-        return lines
+        def key(indexed: tuple[int, Failure]) -> tuple[bool, float, int]:
+            index, event = indexed
+            at = source_time(event)
+            return is_consequence_event(event), math.inf if at is None else at, index
 
-    def _rank_failed(
-        self, rank: int | None, text: str, exit_code: int | None, traceback: str | None, tail: list[str]
-    ) -> RankFailedError:
-        others = self._collateral_lines()
-        if others:
-            shown = others[:OTHERS_SHOWN]
-            if len(others) > OTHERS_SHOWN:  # a run of 1,000 ranks: the error stays readable
-                shown.append(f"... and {len(others) - OTHERS_SHOWN} more (all in the error's other_failures)")
-            text += "\n--- other ranks ---\n" + "\n".join(shown)
-        return RankFailedError(
-            text, rank=rank, exit_code=exit_code, remote_traceback=traceback, output_tail=tail, other_failures=others
-        )
+        return min(enumerate(self._candidates), key=key)[1]
+
+    def _happened_before_decision(self, event: Failure) -> bool:
+        """A failure reported after the decision may still be the cause if it happened before it, at its source
+        (not a lost agent: only the driver's receive time tells when that happened, which is after)."""
+        if _driver_ended(event) or isinstance(event, AgentLost):
+            return False
+        at = source_time(event)
+        return at is not None and self.decided_at is not None and at < self.decided_at

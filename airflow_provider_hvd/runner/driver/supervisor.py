@@ -35,6 +35,7 @@ from .outcome import (
     StartTimedOut,
 )
 from .rendezvous import Rendezvous, plan_ranks
+from .report import abort_reason, run_error
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -102,7 +103,7 @@ class Supervisor:
             self.launcher.stop(cancel=self._outcome.cause is not None or len(self._outcome.succeeded) < self.size)
             if self._rendezvous is not None:
                 self._rendezvous.stop()
-        error = self._outcome.error(self.launcher.task_failure)
+        error = run_error(self._outcome, self.launcher.task_failure)
         if error is not None:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
@@ -123,6 +124,7 @@ class Supervisor:
                 self._on_event(channel.events.get(timeout=_POLL_S))
             except queue.Empty:
                 pass
+            self._end_others(self._outcome.due())  # the window after a first failure has passed: name the cause
             now = time.monotonic()
             failure = self.launcher.failure()
             if failure is not None and not self._outcome.ending:
@@ -140,9 +142,13 @@ class Supervisor:
         return sum(conn.rank is not None for conn in self._agents)
 
     def _record(self, event: Event) -> None:
-        reason = self._outcome.record(event)
-        if reason is None:
+        self._end_others(self._outcome.record(event))
+
+    def _end_others(self, cause: Event | None) -> None:
+        """The run's cause was decided: end every rank still running, telling it why."""
+        if cause is None:
             return
+        reason = abort_reason(cause)
         waiting = [conn for conn in self._agents if id(conn) not in self._finished]
         log.warning("HorovodRunner: %s; ending %d running rank(s)", reason, len(self._running()))
         for conn in waiting:
@@ -162,17 +168,19 @@ class Supervisor:
             return  # a turned-away agent, or a connection that never said hello
         self._finished.add(id(conn))
         where = conn.where()
+        received_at = time.time()  # what a failure's own source time falls back on (see outcome.source_time)
         if isinstance(message, Done):
             if message.ok:
                 self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
             else:
-                self._record(RankFailed(conn.rank, where, message))  # type: ignore[arg-type]
+                self._record(RankFailed(conn.rank, where, message, received_at=received_at))  # type: ignore[arg-type]
         elif isinstance(message, AgentFailedMessage):
-            self._record(AgentFailed(conn.rank, where, message.error))
+            self._record(AgentFailed(conn.rank, where, message.error, received_at=received_at))
         else:
             hello = conn.hello
             task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
-            self._record(AgentLost(conn.rank, where, event.lost, task))  # type: ignore[arg-type]
+            lost = AgentLost(conn.rank, where, event.lost, task, received_at=received_at)  # type: ignore[arg-type]
+            self._record(lost)
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -46,12 +47,13 @@ class RemoteError:
     type: str
     message: str
     traceback: str
+    at: float | None = None  # when it was caught, by the wall clock of the host it was raised on (time.time())
 
     @classmethod
     def of(cls, exc: BaseException) -> RemoteError:
         import traceback
 
-        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)))
+        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)), at=time.time())
 
     def line(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type
@@ -104,6 +106,7 @@ class Done(Message):
     terminated_by: str | None = None  # the driver's reason when it asked the agent to end the rank
     tail: list[str] = field(default_factory=list)
     dropped: int = 0
+    ended_at: float | None = None  # when the agent saw the rank process end (time.time() on the rank's host)
 
     @classmethod
     def decode(cls, data: bytes) -> Message:

@@ -1,0 +1,154 @@
+"""The words of a run's end (driver): the error a run raises, and the reason its other ranks are ended.
+
+:class:`~.outcome.RunOutcome` decides what happened and why; this module only says it.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+from ..shared.messages import Done, RemoteError
+from .consequences import is_consequence_error
+from .outcome import (
+    FAILURES,
+    AgentFailed,
+    AgentLost,
+    Cancelled,
+    Event,
+    LaunchFailed,
+    RankFailed,
+    RunOutcome,
+    StartTimedOut,
+    is_consequence_event,
+)
+
+OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
+
+SparkReason = Callable[[tuple[int, int]], str | None]  # why Spark ended a task, if it knows
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def who(rank: int | None, where: str) -> str:
+    return f"rank {rank}" if rank is not None else f"the agent {where}"
+
+
+def abort_reason(cause: Event) -> str:
+    """What the run's other ranks are told when they are ended (it shows in their lines of the error)."""
+    if isinstance(cause, Cancelled):
+        return "the run was cancelled"
+    if isinstance(cause, LaunchFailed):
+        return f"{cause.what} failed"
+    if isinstance(cause, StartTimedOut):
+        return "the ranks did not all start in time"
+    assert isinstance(cause, FAILURES)
+    return f"{who(cause.rank, cause.where)} failed"
+
+
+def error_line(error: RemoteError) -> str:
+    """The exception in one line; Horovod's long shutdown message cut to its first sentence."""
+    if is_consequence_error(error) and ". " in error.message:
+        return f"{error.type}: {error.message.split('. ', 1)[0]}."
+    return error.line()
+
+
+def rank_line(done: Done) -> str:
+    if done.error:  # before terminated_by: a rank ended during its exit still failed of its own exception
+        return error_line(done.error)
+    if done.terminated_by:
+        return f"ended by the driver ({done.terminated_by})"
+    if done.exit_code == 0:
+        return "exited without returning a result"
+    return f"{describe_exit(done.exit_code)} without a Python exception"
+
+
+def _other_line(event: Event, cause: Event | None) -> str | None:
+    if isinstance(event, RankFailed):
+        line = f"rank {event.rank}: {rank_line(event.done)}"
+        if is_consequence_event(event):
+            if isinstance(cause, FAILURES) and not is_consequence_event(cause):
+                line += f" (a consequence of {who(cause.rank, cause.where)}'s failure)"
+            else:
+                line += " (a consequence)"
+        return line
+    if isinstance(event, AgentLost):
+        return f"{who(event.rank, event.where)}: lost its agent {event.where}: {event.detail}"
+    if isinstance(event, AgentFailed):
+        return f"{who(event.rank, event.where)}: its agent failed: {event.error.line()}"
+    return None
+
+
+def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None) -> HorovodRunnerError | None:
+    """The error the run raises (None: it succeeded). ``spark_reason`` says why Spark ended a task, if known."""
+    cause, others = outcome.verdict()
+    if cause is None:
+        return None
+    if isinstance(cause, Cancelled):
+        return RunCancelledError("HorovodRunner: the run was cancelled; every rank was ended")
+    if isinstance(cause, StartTimedOut):
+        return LaunchError(
+            f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
+            "the cluster may be short of task slots or the executors cannot reach this driver"
+        )
+    before_start = not outcome.started_before_cause
+    if isinstance(cause, LaunchFailed):
+        error = LaunchError if before_start else HorovodRunnerError
+        exc = error(f"{cause.what} failed: {cause.reason}")
+        exc.__cause__ = cause.exc
+        return exc
+    lines = [line for line in (_other_line(event, cause) for event in others) if line is not None]
+    if isinstance(cause, AgentFailed):
+        of_rank = f" of rank {cause.rank}" if cause.rank is not None else ""
+        text = (
+            f"the HorovodRunner agent{of_rank} {cause.where} failed: {cause.error.line()}\n"
+            f"--- the agent's traceback ---\n{cause.error.traceback.rstrip()}"
+        )
+        if before_start:
+            return LaunchError(text)
+        return _rank_failed(cause.rank, text, lines, exit_code=None, traceback=cause.error.traceback, tail=[])
+    if isinstance(cause, AgentLost):
+        reason = (spark_reason(cause.task) if cause.task else None) or cause.detail
+        if before_start or cause.rank is None:
+            return LaunchError(f"{who(cause.rank, cause.where)} lost its agent {cause.where}: {reason}")
+        text = (
+            f"Horovod rank {cause.rank} of {outcome.size} failed: its agent {cause.where} was lost "
+            f"(its Spark task, executor or host died): {reason}"
+        )
+        return _rank_failed(cause.rank, text, lines, exit_code=None, traceback=None, tail=[])
+    assert isinstance(cause, RankFailed)
+    done = cause.done
+    parts = [f"Horovod rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]
+    if is_consequence_event(cause):
+        parts.append(
+            "(Horovod was shut down under this rank, and no rank reported a failure of its own: a rank's process "
+            "or host may have died without a trace; see the other ranks below and the executors' logs)"
+        )
+    if done.error:
+        parts.append(f"--- remote traceback (rank {cause.rank}) ---\n{done.error.traceback.rstrip()}")
+    if done.tail:
+        parts.append(f"--- last {len(done.tail)} lines of rank {cause.rank}'s output ---\n" + "\n".join(done.tail))
+    return _rank_failed(
+        cause.rank, "\n".join(parts), lines, done.exit_code, done.error.traceback if done.error else None, done.tail
+    )
+
+
+def _rank_failed(
+    rank: int | None, text: str, others: list[str], exit_code: int | None, traceback: str | None, tail: list[str]
+) -> RankFailedError:
+    if others:
+        shown = others[:OTHERS_SHOWN]
+        if len(others) > OTHERS_SHOWN:  # a run of 1,000 ranks: the error stays readable
+            shown.append(f"... and {len(others) - OTHERS_SHOWN} more (all in the error's other_failures)")
+        text += "\n--- other ranks ---\n" + "\n".join(shown)
+    return RankFailedError(
+        text, rank=rank, exit_code=exit_code, remote_traceback=traceback, output_tail=tail, other_failures=others
+    )
