@@ -1,6 +1,7 @@
 """Distributed deep learning with Horovod, launched on Spark, driven from Airflow.
 
-``HorovodRunner`` and ``log_to_driver`` work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and
+``HorovodRunner``, ``log_to_driver`` and the progress API (``log_metrics``, ``report_checkpoint``,
+``last_checkpoint``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and
 ``horovod_task`` need it and are imported on first use, so that the core never imports Airflow.
 """
 
@@ -16,7 +17,10 @@ from .runner import (
     LaunchError,
     RankFailedError,
     RunCancelledError,
+    last_checkpoint,
+    log_metrics,
     log_to_driver,
+    report_checkpoint,
 )
 
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ package / module    runs in                                     what it does
                     (``np < 0``)                                relays its output, reports how it ended
 ``reaper``          its own small process, between agent and    ends everything the rank started, however the
                     rank (standard library only)                agent dies
-``rank/``           the rank process                            runs ``main``; ``log_to_driver``
+``rank/``           the rank process                            runs ``main``; ``log_to_driver``, progress
 ``shared/``         all of them                                 the wire format and messages, the job's
                                                                 pickling, Horovod's variables, GPU assignment
 ==================  ==========================================  ===============================================
@@ -20,6 +20,7 @@ package / module    runs in                                     what it does
 
 from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
 from .rank.control import log_to_driver
+from .rank.progress import last_checkpoint, log_metrics, report_checkpoint
 from .runner import HorovodRunner
 
 __all__ = [
@@ -28,5 +29,8 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
+    "last_checkpoint",
+    "log_metrics",
     "log_to_driver",
+    "report_checkpoint",
 ]
