@@ -124,8 +124,8 @@ def test_bad_reports_are_refused_with_the_fix():
         log_metrics(1, loss="low")
     with pytest.raises(TypeError, match="step must be a finite number"):
         log_metrics("epoch 1", loss=0.1)
-    with pytest.raises(ValueError, match=r"\['path'\] are set by the driver"):
-        report_checkpoint("/x", path="/y")
+    with pytest.raises(ValueError, match=r"\['rank', 'try_number'\] are set by the driver; name the info differently"):
+        report_checkpoint("/x", try_number=2, rank=1)
     with pytest.raises(TypeError, match="info must be JSON"):
         report_checkpoint("/x", model=object())
 
@@ -146,3 +146,19 @@ def test_importing_the_package_imports_no_framework():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_keras_callbacks_report_metrics_and_checkpoints_and_resume(tmp_path):
+    from progress_jobs import keras_fit_resumable
+
+    path = str(tmp_path / "epoch-{epoch}.keras")
+    first = HorovodRunner(np=-2)
+    assert first.run(keras_fit_resumable, path=path, epochs=3) == {"epochs_run": [1, 2, 3]}
+    assert [step for step, _ in first.metrics["loss"]] == [1, 2, 3]
+    assert set(first.metrics) == {"loss", "accuracy"}
+    assert first.checkpoint["path"] == str(tmp_path / "epoch-3.keras") and first.checkpoint["epoch"] == 3
+    assert (tmp_path / "epoch-3.keras").is_file() and first.checkpoint["rank"] == 0
+
+    second = HorovodRunner(np=-2, resume_from=first.checkpoint)
+    assert second.run(keras_fit_resumable, path=path, epochs=5) == {"epochs_run": [4, 5]}
+    assert [step for step, _ in second.metrics["loss"]] == [4, 5]

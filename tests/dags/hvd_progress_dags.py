@@ -16,7 +16,7 @@ with DAG(
 
     @task.horovod(np=2, retries=1, retry_delay=timedelta(seconds=1))
     def train(ckpt_dir: str, fail_after_epoch: str, epochs: str, epoch_pause_s: str, try_number: str) -> dict:
-        """SGD with momentum on 2 ranks; rank 0 checkpoints every epoch. On the first try, rank 1 fails once the
+        """SGD with momentum on 2 ranks; rank 0 checkpoints every epoch. On the first try, every rank fails once the
         checkpoint of epoch ``fail_after_epoch`` is reported; the retry resumes from it."""
         import hashlib
         import os
@@ -65,7 +65,7 @@ with DAG(
                 os.replace(path + ".tmp", path)
                 report_checkpoint(path, epoch=epoch)
             hvd.allreduce(torch.zeros(1), name=f"saved-{epoch}")  # rank 1 goes on once rank 0 has reported
-            if int(try_number) == 1 and epoch == int(fail_after_epoch) and hvd.rank() == 1:
+            if int(try_number) == 1 and epoch == int(fail_after_epoch):  # on every rank
                 raise RuntimeError(f"simulated failure after epoch {epoch}")
             time.sleep(float(epoch_pause_s))  # a slower run, to watch it live
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
