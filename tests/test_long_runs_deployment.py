@@ -70,7 +70,7 @@ def airflow(standalone_cluster, tmp_path_factory, request):
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
     }
     failed_before = request.session.testsfailed
-    deployment = LoggedInDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start([DAG])
+    deployment = LoggedInDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start([DAG], timeout=600)
     yield deployment
     deployment.stop()
     if request.session.testsfailed > failed_before:

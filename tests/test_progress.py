@@ -162,3 +162,13 @@ def test_keras_callbacks_report_metrics_and_checkpoints_and_resume(tmp_path):
     second = HorovodRunner(np=-2, resume_from=first.checkpoint)
     assert second.run(keras_fit_resumable, path=path, epochs=5) == {"epochs_run": [4, 5]}
     assert [step for step, _ in second.metrics["loss"]] == [4, 5]
+
+
+def test_a_chart_is_one_svg_path_per_metric_with_gaps_where_values_are_missing():
+    from airflow_provider_hvd.plugins.charts import chart_svg
+
+    svg = chart_svg("loss <b>", [[1, 0.9], [2, 0.5], [3, None], [4, 0.3], [5, 0.2]])
+    d = svg.split(' d="')[1].split('"')[0]
+    assert [command[0] for command in d.split()] == ["M", "L", "M", "L"], d
+    assert "loss &lt;b&gt;" in svg and "last: 0.2 at step 5" in svg
+    assert 'class="curve"' not in chart_svg("empty", [[1, None]])

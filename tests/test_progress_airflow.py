@@ -94,8 +94,9 @@ def test_the_example_dag_leaves_its_curves_and_checkpoint_in_the_task_state_stor
     assert checkpoint["epoch"] == 8 and checkpoint["path"].endswith("epoch-8.pt") and checkpoint["finished"] is True
 
 
-def test_the_training_page_draws_each_metric(example_run):
+def test_the_training_page_draws_each_metric(example_run, monkeypatch):
     """The plugin's app, as the API server mounts it, with an admin's token (the browser test is on the deployment)."""
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "hvd-tests-only")
     from airflow.api_fastapi.app import create_app
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
     from fastapi.testclient import TestClient

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..shared import wire
-from ..shared.messages import Abort, AgentFailed, Checkpoint, Done, Hello, LogBatch, Message, Metrics, Result, Start, decode, frame
+from ..shared.messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
+from ..shared.messages import Checkpoint, Metrics
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
 log = logging.getLogger("airflow_provider_hvd.runner")

@@ -231,8 +231,11 @@ class RunProgress:
         if self._sink is None:
             return
         now = time.monotonic()
+
+        def due(key: str) -> bool:
+            return force or now - self._written_at[key] >= self._interval_s
+
         with self._lock:
-            due = lambda key: force or now - self._written_at[key] >= self._interval_s  # noqa: E731
             checkpoint = dict(self.checkpoint) if self._checkpoint_dirty and due("checkpoint") else None
             max_bytes = getattr(self._sink, "max_bytes", SNAPSHOT_MAX_BYTES)
             snapshot = self.history.snapshot(max_bytes, rank=self.rank) if self._metrics_dirty and due("metrics") else None
