@@ -20,6 +20,8 @@ import pytest
 from airflow_deployment import AirflowDeployment, log_text
 from browser import Browser, chromium_path
 
+pytestmark = pytest.mark.timeout(2400)  # a deployment, a cluster and several training runs on a shared 2-core machine
+
 DAG = "hvd_resume"
 PASSWORD = "hvd-tests-admin"
 ARTIFACTS = Path(os.environ.get("HVD_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
@@ -70,7 +72,12 @@ def airflow(standalone_cluster, tmp_path_factory, request):
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
     }
     failed_before = request.session.testsfailed
-    deployment = LoggedInDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start([DAG], timeout=600)
+    deployment = LoggedInDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env)
+    try:
+        deployment.start([DAG], timeout=600)
+    except BaseException:
+        deployment.stop()
+        raise
     yield deployment
     deployment.stop()
     if request.session.testsfailed > failed_before:

@@ -103,9 +103,12 @@ def test_the_training_page_draws_each_metric(example_run, monkeypatch):
 
     from airflow_provider_hvd.plugins.training_tab import TAB_HREF, TrainingTabPlugin
 
+    from starlette.routing import Mount
+
     app = create_app()
-    prefix = TrainingTabPlugin.fastapi_apps[0]["url_prefix"]
-    app.mount(prefix, TrainingTabPlugin.fastapi_apps[0]["app"])
+    plugin_app = TrainingTabPlugin.fastapi_apps[0]
+    # where the API server mounts plugins: before the UI's catch-all route
+    app.router.routes.insert(0, Mount(plugin_app["url_prefix"], app=plugin_app["app"]))
     with TestClient(app) as client:
         url = TAB_HREF.format(DAG_ID="horovod_train_example", RUN_ID=quote(example_run.run_id, safe=""),
                               TASK_ID="train", MAP_INDEX=-1)
