@@ -34,6 +34,10 @@ def plugin_installed() -> bool:
 class LoggedInDeployment(AirflowDeployment):
     """The deployment with the simple auth manager's login: one admin, whose token the REST client sends."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.api.timeout = httpx.Timeout(120.0)  # SQLite under a loaded machine: a write may wait for its lock
+
     def _ready(self, dag_ids: list[str]) -> bool:
         if "Authorization" not in self.api.headers:
             try:
