@@ -19,6 +19,7 @@ import httpx
 import pytest
 from airflow_deployment import AirflowDeployment, log_text
 from browser import Browser, chromium_path
+from spark_cluster import StandaloneCluster
 
 pytestmark = pytest.mark.timeout(2400)  # a deployment, a cluster and several training runs on a shared 2-core machine
 
@@ -36,7 +37,7 @@ class LoggedInDeployment(AirflowDeployment):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.api.timeout = httpx.Timeout(120.0)  # SQLite under a loaded machine: a write may wait for its lock
+        self.api.timeout = httpx.Timeout(300.0)  # SQLite on a loaded machine: a write may wait minutes for its lock
 
     def _ready(self, dag_ids: list[str]) -> bool:
         if "Authorization" not in self.api.headers:
@@ -52,6 +53,14 @@ class LoggedInDeployment(AirflowDeployment):
     def state_store(self, dag_id: str, run_id: str, task_id: str) -> dict:
         entries = self._json("GET", f"{self._ti_path(dag_id, run_id, task_id)}/state-store")["task_state_store"]
         return {entry["key"]: entry["value"] for entry in entries}
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory):
+    """conftest's cluster, with a start wait for a machine that other test runs share."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")).start(timeout=600)
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +102,12 @@ def airflow(standalone_cluster, tmp_path_factory, request):
 @pytest.fixture(scope="module")
 def runs(airflow, tmp_path_factory):
     """A run that never fails, and one whose first try fails after epoch 3: same seed, same data."""
-    dirs = {name: tmp_path_factory.mktemp(f"ckpt-{name}") for name in ("never_failed", "retried")}
-    started = {
-        "never_failed": airflow.trigger(DAG, {"ckpt_dir": str(dirs["never_failed"]), "fail_after_epoch": 0}),
-        "retried": airflow.trigger(DAG, {"ckpt_dir": str(dirs["retried"]), "fail_after_epoch": 3}),
-    }
-    return {name: (run_id, airflow.wait_for_run(DAG, run_id, timeout=300), dirs[name]) for name, run_id in started.items()}
+    done = {}
+    for name, fail_after_epoch in (("never_failed", 0), ("retried", 3)):  # one after the other: SQLite
+        ckpt_dir = tmp_path_factory.mktemp(f"ckpt-{name}")
+        run_id = airflow.trigger(DAG, {"ckpt_dir": str(ckpt_dir), "fail_after_epoch": fail_after_epoch})
+        done[name] = (run_id, airflow.wait_for_run(DAG, run_id, timeout=600), ckpt_dir)
+    return done
 
 
 def test_a_retry_resumes_from_the_last_checkpoint_and_ends_with_the_same_model(airflow, runs):
