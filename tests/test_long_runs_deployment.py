@@ -99,6 +99,45 @@ def airflow(standalone_cluster, tmp_path_factory, request):
         reporter.write_line(deployment.log_tail(200))
 
 
+@pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (make setup installs it)")
+def test_the_training_tab_draws_the_curves_live_in_a_browser(airflow, tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    run_id = airflow.trigger(DAG, {"ckpt_dir": str(ckpt_dir), "epochs": 8, "epoch_pause_s": 4.0})
+    deadline = time.monotonic() + 600
+    while "hvd_metrics" not in airflow.state_store(DAG, run_id, "train"):  # the first epoch's metrics are written
+        assert time.monotonic() < deadline, log_text(airflow.task_log(DAG, run_id, "train"))
+        time.sleep(1)
+    browser = Browser()
+    try:
+        browser.open(f"{airflow.url}/")
+        browser.wait_for("document.querySelector('input[name=username]')", what="the login form")
+        browser.type_into("input[name=username]", "admin")
+        browser.type_into("input[name=password]", PASSWORD)
+        browser.evaluate("document.querySelector('button[type=submit]').click()")
+        browser.wait_for("!location.pathname.startsWith('/auth')", what="logged in")
+        browser.open(f"{airflow.url}/dags/{DAG}/runs/{run_id}/tasks/train/plugin/training")
+        frame = "document.querySelector('iframe[title=Training]')?.contentDocument"
+        curves = f"{frame}?.querySelectorAll('svg path.curve')"
+        points = f"Array.from({curves} || []).map(p => p.getAttribute('d').split(' ').length)"
+        browser.wait_for(f"({curves}?.length || 0) == 2", what="two curves in the Training tab")
+        assert browser.evaluate(f"{frame}.querySelector('[data-live]').dataset.live") == "true", "drawn while running"
+        first = browser.evaluate(f"{points}[0]")
+        browser.wait_for(f"{points}[0] > {first}", timeout=60, what="the curve growing without a reload")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.screenshot(ARTIFACTS / "training-tab-live.png")
+        assert airflow.wait_for_run(DAG, run_id, timeout=600) == "success"
+        browser.wait_for(f"{frame}.querySelector('[data-live]').dataset.live == 'false'", what="the tab sees the end")
+        assert browser.evaluate(f"{points}[0]") == 8, "one point per epoch"
+        assert "Last checkpoint: " + str(ckpt_dir / "epoch-8.pt") in browser.evaluate(f"{frame}.body.innerText")
+        shot = browser.screenshot(ARTIFACTS / "training-tab.png")
+    finally:
+        browser.close()
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("HVD_UPDATE_DOCS_SCREENSHOT"):
+        shutil.copy(shot, Path(__file__).resolve().parent.parent / "docs" / "images" / "training-tab.png")
+
+
 @pytest.fixture(scope="module")
 def runs(airflow, tmp_path_factory):
     """A run that never fails, and one whose first try fails after epoch 3: same seed, same data."""
@@ -151,42 +190,3 @@ def test_the_training_tab_needs_the_same_access_as_the_task_instance(airflow, ru
     plugins = airflow._json("GET", "/plugins")["plugins"]
     views = [view for plugin in plugins for view in plugin["external_views"] if view["name"] == "Training"]
     assert [(view["destination"], view["url_route"]) for view in views] == [("task_instance", "training")]
-
-
-@pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (make setup installs it)")
-def test_the_training_tab_draws_the_curves_live_in_a_browser(airflow, runs, tmp_path):
-    ckpt_dir = tmp_path / "ckpt"
-    ckpt_dir.mkdir()
-    run_id = airflow.trigger(DAG, {"ckpt_dir": str(ckpt_dir), "epochs": 8, "epoch_pause_s": 4.0})
-    deadline = time.monotonic() + 240
-    while "hvd_metrics" not in airflow.state_store(DAG, run_id, "train"):  # the first epoch's metrics are written
-        assert time.monotonic() < deadline, log_text(airflow.task_log(DAG, run_id, "train"))
-        time.sleep(1)
-    browser = Browser()
-    try:
-        browser.open(f"{airflow.url}/")
-        browser.wait_for("document.querySelector('input[name=username]')", what="the login form")
-        browser.type_into("input[name=username]", "admin")
-        browser.type_into("input[name=password]", PASSWORD)
-        browser.evaluate("document.querySelector('button[type=submit]').click()")
-        browser.wait_for("!location.pathname.startsWith('/auth')", what="logged in")
-        browser.open(f"{airflow.url}/dags/{DAG}/runs/{run_id}/tasks/train/plugin/training")
-        frame = "document.querySelector('iframe[title=Training]')?.contentDocument"
-        curves = f"{frame}?.querySelectorAll('svg path.curve')"
-        points = f"Array.from({curves} || []).map(p => p.getAttribute('d').split(' ').length)"
-        browser.wait_for(f"({curves}?.length || 0) == 2", what="two curves in the Training tab")
-        assert browser.evaluate(f"{frame}.querySelector('[data-live]').dataset.live") == "true", "drawn while running"
-        first = browser.evaluate(f"{points}[0]")
-        browser.wait_for(f"{points}[0] > {first}", timeout=60, what="the curve growing without a reload")
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        browser.screenshot(ARTIFACTS / "training-tab-live.png")
-        assert airflow.wait_for_run(DAG, run_id, timeout=240) == "success"
-        browser.wait_for(f"{frame}.querySelector('[data-live]').dataset.live == 'false'", what="the tab sees the end")
-        assert browser.evaluate(f"{points}[0]") == 8, "one point per epoch"
-        assert "Last checkpoint: " + str(ckpt_dir / "epoch-8.pt") in browser.evaluate(f"{frame}.body.innerText")
-        shot = browser.screenshot(ARTIFACTS / "training-tab.png")
-    finally:
-        browser.close()
-    assert shot.stat().st_size > 10_000
-    if os.environ.get("HVD_UPDATE_DOCS_SCREENSHOT"):
-        shutil.copy(shot, Path(__file__).resolve().parent.parent / "docs" / "images" / "training-tab.png")
