@@ -107,7 +107,7 @@ def test_the_training_tab_draws_the_curves_live_in_a_browser(airflow, tmp_path):
     deadline = time.monotonic() + 600
     while "hvd_metrics" not in airflow.state_store(DAG, run_id, "train"):  # the first epoch's metrics are written
         assert time.monotonic() < deadline, log_text(airflow.task_log(DAG, run_id, "train"))
-        time.sleep(1)
+        time.sleep(3)  # gently: SQLite serves the scheduler and the task too
     browser = Browser()
     try:
         browser.open(f"{airflow.url}/")
@@ -135,7 +135,9 @@ def test_the_training_tab_draws_the_curves_live_in_a_browser(airflow, tmp_path):
         browser.close()
     assert shot.stat().st_size > 10_000
     if os.environ.get("HVD_UPDATE_DOCS_SCREENSHOT"):
-        shutil.copy(shot, Path(__file__).resolve().parent.parent / "docs" / "images" / "training-tab.png")
+        images = Path(__file__).resolve().parent.parent / "docs" / "images"
+        images.mkdir(exist_ok=True)
+        shutil.copy(shot, images / "training-tab.png")
 
 
 @pytest.fixture(scope="module")
