@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
+BROWSER_STAMP := $(VENV)/.chromium
 AIRFLOW_HOME ?= $(CURDIR)/airflow_home
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
@@ -12,7 +13,7 @@ export KERAS_BACKEND ?= torch
 
 .PHONY: setup test check docs demo bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(BROWSER_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/check_prereqs.sh
 	scripts/check_prereqs.sh $(PYTHON)
@@ -26,6 +27,10 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \
 	  || $(PIP) install --force-reinstall --no-deps pyspark==4.3.0
 	touch $(STAMP)
+
+$(BROWSER_STAMP): scripts/install_chromium.sh | $(STAMP)
+	scripts/install_chromium.sh
+	touch $(BROWSER_STAMP)
 
 test: setup
 	$(MAKE) --no-print-directory check

@@ -1,8 +1,9 @@
 """Distributed deep learning with Horovod, launched on Spark, driven from Airflow.
 
-``HorovodRunner`` and ``log_to_driver`` work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and
-``horovod_task`` need it. Every name is imported on first use: importing the package (as Airflow does to
-discover the provider) imports neither Airflow nor Horovod, torch or pyspark.
+``HorovodRunner``, ``log_to_driver`` and the progress API (``log_metrics``, ``report_checkpoint``,
+``last_checkpoint``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and ``horovod_task``
+need it. Every name is imported on first use: importing the package (as Airflow does to discover the
+provider) imports neither Airflow nor Horovod, torch or pyspark.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ _EXPORTS = {
     "RankFailedError": "airflow_provider_hvd.runner.errors",
     "RunCancelledError": "airflow_provider_hvd.runner.errors",
     "log_to_driver": "airflow_provider_hvd.runner.rank.control",
+    "log_metrics": "airflow_provider_hvd.runner.rank.progress",
+    "report_checkpoint": "airflow_provider_hvd.runner.rank.progress",
+    "last_checkpoint": "airflow_provider_hvd.runner.rank.progress",
     "HorovodHook": "airflow_provider_hvd.hooks.horovod",
     "HorovodRunnerOperator": "airflow_provider_hvd.operators.horovod",
     "horovod_task": "airflow_provider_hvd.decorators.horovod",
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
     from airflow_provider_hvd.runner.errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
     from airflow_provider_hvd.runner.rank.control import log_to_driver
+    from airflow_provider_hvd.runner.rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from airflow_provider_hvd.runner.runner import HorovodRunner
 
 

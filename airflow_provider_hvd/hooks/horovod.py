@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
+from airflow_provider_hvd.runner.driver.progress import ProgressSink
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
 from airflow_provider_hvd.runner.driver.spark_cluster import default_executor_python, standalone_masters
 
@@ -193,15 +194,20 @@ class HorovodHook(BaseHook):
         np: int,
         driver_log_verbosity: str = "log_callback_only",
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        resume_from: dict[str, Any] | str | None = None,
+        progress_sink: ProgressSink | None = None,
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
-        slots; ``np < 0`` runs the ranks in this process's host, without Spark.
+        slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from`` and
+        ``progress_sink`` are :class:`HorovodRunner`'s; the runner stays at :attr:`runner` afterwards
+        (its ``metrics`` and ``checkpoint``).
         """
         self._runner = HorovodRunner(
-            np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout
+            np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout,
+            resume_from=resume_from, progress_sink=progress_sink,
         )
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})
@@ -216,6 +222,11 @@ class HorovodHook(BaseHook):
         finally:
             if shared:
                 self._leave_session(spark)
+
+    @property
+    def runner(self) -> HorovodRunner | None:
+        """The runner of the last :meth:`run`."""
+        return self._runner
 
     def _join_session(self) -> tuple[SparkSession, bool]:
         """The session for a job, and whether it is the one hooks share (a SparkContext the user started is not)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
+from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from airflow_provider_hvd.runner.errors import RunCancelledError
 from airflow_provider_hvd.runner.runner import check_verbosity
@@ -46,6 +47,10 @@ class HorovodRunnerOperator(BaseOperator):
     :param spark_conf: Spark settings on top of the connection's (templated).
     :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
         before failing; a job that can never fit the cluster fails at once.
+
+    Progress goes to the task state store while the job runs (Airflow 3.3+): rank 0's ``log_metrics``
+    history under ``hvd_metrics``, the last ``report_checkpoint`` under ``hvd_checkpoint``. On a retry,
+    ``last_checkpoint()`` in the ranks returns the checkpoint an earlier try reported (see docs/long-runs.md).
     """
 
     template_fields: Sequence[str] = ("op_args", "op_kwargs", "np", "spark_conf")
@@ -106,10 +111,12 @@ class HorovodRunnerOperator(BaseOperator):
         if self._killed:  # on_kill() came before the job started
             raise RunCancelledError("the task was killed before its Horovod job started")
         self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
+        progress = self._task_state_progress(context)
         try:
             value = self._hook.run(
                 self.python_callable, self.op_args, kwargs, np=np, driver_log_verbosity=self.driver_log_verbosity,
                 slot_wait_timeout=self.slot_wait_timeout,
+                resume_from=progress.last_checkpoint() if progress else None, progress_sink=progress,
             )
         finally:
             self.spark_ui_url = self._hook.ui_url
@@ -117,7 +124,18 @@ class HorovodRunnerOperator(BaseOperator):
             raise RunCancelledError("the task was killed; every Horovod rank was ended")
         if self.do_xcom_push:
             self._check_xcom_value(value)
+        if progress is not None and self._hook.runner is not None:
+            progress.mark_finished(self._hook.runner.checkpoint)
         return value
+
+    @staticmethod
+    def _task_state_progress(context: Context) -> TaskStateProgress | None:
+        """The run's progress sink on the task state store (None where Airflow has none: before 3.3)."""
+        store = context.get("task_state_store")
+        if store is None:
+            return None
+        ti = context.get("ti")
+        return TaskStateProgress(store, getattr(ti, "try_number", None))
 
     def _check_xcom_value(self, value: Any) -> None:
         from airflow.sdk.execution_time.xcom import XCom

@@ -12,7 +12,7 @@ package / module    runs in                                     what it does
                     (``np < 0``)                                relays its output, reports how it ended
 ``reaper``          its own small process, between agent and    ends everything the rank started, however the
                     rank (standard library only)                agent dies
-``rank/``           the rank process                            runs ``main``; ``log_to_driver``
+``rank/``           the rank process                            runs ``main``; ``log_to_driver``, progress
 ``shared/``         all of them                                 the wire format and messages, the job's
                                                                 pickling, Horovod's variables, GPU assignment
 ==================  ==========================================  ===============================================
@@ -27,10 +27,17 @@ from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancell
 
 if TYPE_CHECKING:
     from .rank.control import log_to_driver
+    from .rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from .runner import HorovodRunner
 
 # imported on first use: a rank process (which imports log_to_driver) does not load the driver's modules
-_LAZY = {"HorovodRunner": ".runner", "log_to_driver": ".rank.control"}
+_LAZY = {
+    "HorovodRunner": ".runner",
+    "log_to_driver": ".rank.control",
+    "log_metrics": ".rank.progress",
+    "report_checkpoint": ".rank.progress",
+    "last_checkpoint": ".rank.progress",
+}
 
 __all__ = [
     "HorovodRunner",
@@ -38,7 +45,10 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
+    "last_checkpoint",
+    "log_metrics",
     "log_to_driver",
+    "report_checkpoint",
 ]
 
 

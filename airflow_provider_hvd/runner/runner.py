@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .driver.channel import rank_log
 from .errors import LaunchError
 from .driver.local_launch import LocalLauncher
+from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
@@ -39,6 +40,7 @@ def _supervisor_class() -> type[Supervisor]:
             raise LaunchError(HOROVOD_MISSING) from exc
         raise
     return Supervisor
+log = logging.getLogger("airflow_provider_hvd.runner")
 
 
 def check_verbosity(driver_log_verbosity: str) -> None:
@@ -89,11 +91,24 @@ class HorovodRunner:
         ``LogCallback`` lines, the rest staying in the executors' stderr.
     :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
         busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once).
+    :param resume_from: the checkpoint the ranks resume from: what ``last_checkpoint()`` returns in them. A
+        dict with a ``"path"`` (e.g. another runner's :attr:`checkpoint`), a path, or None (start afresh).
+    :param progress_sink: where the metrics history and the last checkpoint go while the run goes on (the
+        Airflow layer passes the task state store); see :class:`~.driver.progress.ProgressSink`.
+
+    After :meth:`run` (also one that raised), :attr:`metrics` holds the history of rank ``metrics_rank``'s
+    ``log_metrics`` reports, ``{"loss": [(step, value), ...]}`` (at most 1,000 points per metric, evenly
+    thinned), and :attr:`checkpoint` the last ``report_checkpoint``: ``{"path", **info, "rank",
+    "reported_at", "try_number"}``, or None.
     """
 
     start_timeout_s: float = 120.0
     #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
     payload_warning_bytes: int = WARN_BYTES
+    #: the rank whose ``log_metrics`` reports the driver keeps
+    metrics_rank: int = 0
+    #: the least time between two writes of the same progress key to ``progress_sink``
+    progress_interval_s: float = 5.0
 
     def __init__(
         self,
@@ -101,6 +116,8 @@ class HorovodRunner:
         np: int,
         driver_log_verbosity: str = "log_callback_only",
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        resume_from: dict[str, Any] | str | None = None,
+        progress_sink: ProgressSink | None = None,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
@@ -110,6 +127,10 @@ class HorovodRunner:
         self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
+        self.resume_from = resume_value(resume_from)
+        self.progress_sink = progress_sink
+        self.metrics: dict[str, list[tuple[float, float | None]]] = {}
+        self.checkpoint: dict[str, Any] | None = None
         self._runs: list[_Run] = []
 
     def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:
@@ -141,12 +162,20 @@ class HorovodRunner:
                 launcher = SparkLauncher(
                     active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
                 )
+            progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
             supervisor = _supervisor_class()(
-                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
+                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s, progress
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
+            if self.resume_from is not None:
+                log.info("HorovodRunner: resuming from %s", describe_checkpoint(self.resume_from))
             with _rank_logs_visible():
-                return supervisor.run()
+                try:
+                    return supervisor.run()
+                finally:
+                    progress.flush()
+                    self.metrics = progress.history.as_dict()
+                    self.checkpoint = None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
         finally:
             self._runs.remove(run)
 

@@ -32,7 +32,9 @@ from ..shared.messages import (
     Done,
     DriverMessage,
     Hello,
+    RankCheckpoint,
     RankError,
+    RankMetrics,
     RemoteError,
     Result,
     Start,
@@ -149,6 +151,9 @@ class _RankProcess:
         try:
             while True:
                 message = receive(control)
+                if isinstance(message, (RankMetrics, RankCheckpoint)):  # progress: relayed as it comes
+                    self._outbox.send_now(message.relayed())
+                    continue
                 if isinstance(message, DriverMessage):
                     with self._messages_cond:
                         self._messages[message.seq] = message.text

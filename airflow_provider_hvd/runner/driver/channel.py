@@ -19,10 +19,12 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..shared import wire
 from ..shared.messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
+from ..shared.messages import Checkpoint, Metrics
 from ..shared.rank_tag import RANK_LINE, RANK_TAG
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
@@ -136,6 +138,7 @@ class DriverChannel:
         self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)  # first: nothing to undo if taken
         make_room_for_connections(agents)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
+        self.on_progress: Callable[[int | None, Message], None] | None = None  # a rank's metrics or checkpoint
         self._secret = secret
         self._selector = selectors.DefaultSelector()
         self._pending = 0  # connections still proving the secret
@@ -284,6 +287,9 @@ class DriverChannel:
             self._relay(conn, message)
         elif isinstance(message, Result):
             conn.result = message.data
+        elif isinstance(message, (Metrics, Checkpoint)):
+            if self.on_progress is not None:
+                self.on_progress(conn.rank, message)
         elif isinstance(message, Hello):
             conn.hello = message
             self.events.put(ChannelEvent(conn, message))

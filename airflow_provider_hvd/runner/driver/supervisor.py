@@ -34,6 +34,7 @@ from .outcome import (
     RunOutcome,
     StartTimedOut,
 )
+from .progress import RunProgress
 from .rendezvous import Rendezvous, plan_ranks
 from .report import abort_reason, run_error
 
@@ -71,6 +72,7 @@ class Supervisor:
         verbosity: str,
         cancelled: Callable[[], bool],
         start_timeout_s: float,
+        progress: RunProgress | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -82,11 +84,13 @@ class Supervisor:
         self._finished: set[int] = set()  # ids of connections that reported or were lost
         self._outcome = RunOutcome(self.size)
         self._rendezvous: Rendezvous | None = None
+        self._progress = progress or RunProgress()
 
     def run(self) -> Any:
         secret = new_secret()
         driver = self.launcher.driver
         channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, agents=self.size, port=port))
+        channel.on_progress = self._progress.take
         try:
             self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
             log.info("HorovodRunner: driver channel on %s", driver.describe(channel.port))
@@ -120,6 +124,7 @@ class Supervisor:
         while True:
             if self._cancelled():
                 self._record(Cancelled())
+            self._progress.tick()
             try:
                 self._on_event(channel.events.get(timeout=_POLL_S))
             except queue.Empty:
@@ -190,7 +195,8 @@ class Supervisor:
         settings = forwarded_settings(os.environ)
         gpus = self._visible_gpus(plan)
         for conn, slot, seen in zip(self._agents, plan, gpus):
-            start = Start(slot.rank, {**settings, **slot_env(slot, self._rendezvous.host, self._rendezvous.port)}, slot.local_size, seen)
+            env = {**settings, **slot_env(slot, self._rendezvous.host, self._rendezvous.port), **self._progress.rank_env()}
+            start = Start(slot.rank, env, slot.local_size, seen)
             try:
                 conn.start(start)
             except OSError:

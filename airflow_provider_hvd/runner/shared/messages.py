@@ -170,10 +170,50 @@ class DriverMessage(Message):
     text: str
 
 
+# progress (agent -> driver; the Rank* twins: rank process -> agent, on the control pipe)
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    """Numbers a rank reported for one step with ``log_metrics`` (None stands for NaN or infinity)."""
+
+    KIND: ClassVar[Kind] = Kind.METRICS
+    step: float
+    values: dict[str, float | None]
+    time: float  # when the rank reported (seconds since the epoch)
+
+
+@dataclass(frozen=True)
+class RankMetrics(Metrics):
+    KIND: ClassVar[Kind] = Kind.RANK_METRICS
+
+    def relayed(self) -> Metrics:
+        return Metrics(self.step, self.values, self.time)
+
+
+@dataclass(frozen=True)
+class Checkpoint(Message):
+    """A checkpoint a rank reported with ``report_checkpoint`` once it was written: where, and what it holds."""
+
+    KIND: ClassVar[Kind] = Kind.CHECKPOINT
+    path: str
+    info: dict[str, object]
+    time: float
+
+
+@dataclass(frozen=True)
+class RankCheckpoint(Checkpoint):
+    KIND: ClassVar[Kind] = Kind.RANK_CHECKPOINT
+
+    def relayed(self) -> Checkpoint:
+        return Checkpoint(self.path, self.info, self.time)
+
+
 _BY_KIND: dict[Kind, type[Message]] = {
     cls.KIND: cls
     for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Abort, RankError, DriverMessage)
 }
+_BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
 
 
 def send(stream: FrameStream, message: Message) -> None:

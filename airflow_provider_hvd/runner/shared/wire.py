@@ -35,12 +35,16 @@ class Kind(enum.IntEnum):
     RESULT = 3
     DONE = 4
     AGENT_FAILED = 5
+    METRICS = 7  # progress: a rank's metrics, relayed by its agent
+    CHECKPOINT = 8  # progress: a checkpoint a rank reported, relayed by its agent
     # driver -> agent
     START = 10
     ABORT = 12
     # rank process -> agent (control pipe)
     ERROR = 20
     MESSAGE = 21
+    RANK_METRICS = 22  # log_metrics()
+    RANK_CHECKPOINT = 23  # report_checkpoint()
 
 
 class ConnectionClosed(EOFError):

@@ -1,0 +1,74 @@
+"""A run's progress in Airflow's task state store: the keys, their size bounds, and the sink that writes them.
+
+The task state store (Airflow 3.3, ``context["task_state_store"]``) belongs to one task instance across all
+its tries, so a retry finds there what the try before it left: the last checkpoint. Values are JSON, at most
+65,535 bytes (``[state_store] max_value_storage_bytes``).
+
+- ``hvd_metrics``: the metrics history of rank 0 (``log_metrics``), written at most once every
+  ``HorovodRunner.progress_interval_s`` (5 s) while the run goes on, and at its end. At most 60,000 bytes:
+  curves are thinned evenly (every 2nd, 4th... point, always with the last) to fit.
+- ``hvd_checkpoint``: the last checkpoint reported (``report_checkpoint``), with the try that reported it.
+  At most about 9 KB (the info is at most 8 KB). Once a try succeeds, it is marked ``"finished": true``: a
+  later try (the task cleared and run again) starts afresh instead of resuming from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+METRICS_KEY = "hvd_metrics"
+CHECKPOINT_KEY = "hvd_checkpoint"
+
+log = logging.getLogger(__name__)
+
+
+class StateStore(Protocol):
+    """What this module uses of Airflow's task state store."""
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+    def set(self, key: str, value: Any) -> None: ...
+
+
+class TaskStateProgress:
+    """A :class:`~airflow_provider_hvd.runner.driver.progress.ProgressSink` on the task state store of one try."""
+
+    def __init__(self, store: StateStore, try_number: int | None) -> None:
+        self._store = store
+        self.try_number = try_number
+        self.max_bytes = snapshot_budget()
+
+    def metrics(self, snapshot: dict[str, Any]) -> None:
+        self._store.set(METRICS_KEY, {**snapshot, "try_number": self.try_number})
+
+    def checkpoint(self, record: dict[str, Any]) -> None:
+        self._store.set(CHECKPOINT_KEY, {**record, "try_number": self.try_number})
+
+    def last_checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint an earlier try left, or None (a value that is not one is ignored, with a warning)."""
+        value = self._store.get(CHECKPOINT_KEY)
+        if value is None:
+            return None
+        if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
+            log.warning("The task state store's %r is not a checkpoint (%r): starting afresh", CHECKPOINT_KEY, value)
+            return None
+        if value.get("finished"):
+            log.info("The last checkpoint, %s, is of a try that finished: starting afresh", value.get("path"))
+            return None
+        return dict(value)
+
+    def mark_finished(self, record: dict[str, Any] | None) -> None:
+        """The run succeeded: its last checkpoint (``HorovodRunner.checkpoint``) is not to be resumed from."""
+        if record is not None:
+            self._store.set(CHECKPOINT_KEY, {**record, "try_number": self.try_number, "finished": True})
+
+
+def snapshot_budget() -> int:
+    """The most a metrics snapshot may take: 60,000 bytes, less where ``max_value_storage_bytes`` is lower."""
+    from airflow.configuration import conf
+
+    from airflow_provider_hvd.runner.driver.progress import SNAPSHOT_MAX_BYTES
+
+    limit = conf.getint("state_store", "max_value_storage_bytes", fallback=65535)
+    return SNAPSHOT_MAX_BYTES if limit <= 0 else max(1000, min(SNAPSHOT_MAX_BYTES, limit - 500))

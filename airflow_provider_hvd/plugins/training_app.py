@@ -1,0 +1,144 @@
+"""The Training tab's app, mounted by Airflow's API server: a task instance's metric curves and last checkpoint.
+
+It reads the task state store (``hvd_metrics``, ``hvd_checkpoint``: :mod:`airflow_provider_hvd.hooks.task_state`)
+and draws the curves on the server, as SVG (:mod:`.charts`); while the task is not finished, a small script it
+serves itself reloads them every few seconds. Every page checks access as the API server's own task-instance
+views do (``requires_access_dag(GET, TASK_INSTANCE)``): the UI's ``_token`` cookie reaches this same-origin
+iframe, an API client sends its bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.models.task_state_store import TaskStateStoreModel
+from airflow.models.taskinstance import TaskInstance
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, Response
+from sqlalchemy import select
+
+from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
+from airflow_provider_hvd.plugins.charts import charts_html
+from airflow_provider_hvd.runner.driver.progress import describe_checkpoint
+
+FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
+REFRESH_S = 3
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 12px; color: #1a202c; }
+.meta { color: #4a5568; font-size: 13px; margin-bottom: 8px; }
+.checkpoint { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: 4px; padding: 6px 10px; margin: 8px 0;
+  font-size: 14px; word-break: break-all; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+svg.chart { background: #fff; border: 1px solid #e2e8f0; border-radius: 4px; }
+svg .frame { fill: none; stroke: #cbd5e0; }
+svg .curve { fill: none; stroke-width: 2; }
+svg text { font-size: 11px; fill: #4a5568; }
+svg .title { font-size: 13px; font-weight: 600; fill: #1a202c; }
+svg .ytick { text-anchor: end; } svg .end, svg .last { text-anchor: end; } svg .empty { text-anchor: middle; }
+@media (prefers-color-scheme: dark) { body { background: #1a202c; color: #e2e8f0; }
+  .checkpoint { background: #2d3748; border-color: #4a5568; } }
+"""
+
+# Reloads the panel while the task instance is not finished (its panel says so with data-live="true").
+_SCRIPT = f"""
+(function () {{
+  var panel = document.getElementById("panel");
+  function live() {{ return panel.querySelector("[data-live='true']") !== null; }}
+  function refresh() {{
+    if (!live()) return;
+    fetch(panel.dataset.src, {{credentials: "same-origin", cache: "no-store"}})
+      .then(function (r) {{ return r.ok ? r.text() : null; }})
+      .then(function (html) {{ if (html !== null) panel.innerHTML = html; }})
+      .catch(function () {{}})
+      .then(function () {{ setTimeout(refresh, {REFRESH_S * 1000}); }});
+  }}
+  setTimeout(refresh, {REFRESH_S * 1000});
+}})();
+"""
+
+_can_read_task_instance = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
+
+
+def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
+    rows = session.execute(
+        select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
+            TaskStateStoreModel.dag_id == dag_id,
+            TaskStateStoreModel.run_id == run_id,
+            TaskStateStoreModel.task_id == task_id,
+            TaskStateStoreModel.map_index == map_index,
+            TaskStateStoreModel.key.in_([METRICS_KEY, CHECKPOINT_KEY]),
+        )
+    ).all()
+    return {row.key: json.loads(row.value) for row in rows}
+
+
+def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    ti = session.execute(
+        select(TaskInstance.state, TaskInstance.try_number).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
+            TaskInstance.task_id == task_id, TaskInstance.map_index == map_index,
+        )
+    ).one_or_none()
+    if ti is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"No task instance {dag_id}/{run_id}/{task_id}[{map_index}]")
+    state = str(ti.state.value if hasattr(ti.state, "value") else ti.state or "none")
+    entries = _entries(session, dag_id, run_id, task_id, map_index)
+    metrics, checkpoint = entries.get(METRICS_KEY), entries.get(CHECKPOINT_KEY)
+    parts = [f'<div class="meta" data-live="{str(state not in FINISHED).lower()}" data-state="{escape(state)}">'
+             f"Task {escape(state)}, try {ti.try_number}"]
+    if isinstance(metrics, dict):
+        parts.append(f" · metrics of rank {metrics.get('rank')} from try {metrics.get('try_number')}: "
+                     f"{metrics.get('reports')} reports, last at {escape(str(metrics.get('updated')))}")
+        if metrics.get("thinned_by", 1) > 1:
+            parts.append(f" (every {metrics['thinned_by']}th point shown)")
+    parts.append("</div>")
+    if isinstance(checkpoint, dict) and "path" in checkpoint:
+        parts.append(f'<div class="checkpoint" id="checkpoint">Last checkpoint: {escape(describe_checkpoint(checkpoint))}'
+                     f" at {escape(str(checkpoint.get('reported_at')))}</div>")
+    if isinstance(metrics, dict) and metrics.get("series"):
+        parts.append(f'<div class="charts">{charts_html(metrics["series"])}</div>')
+    else:
+        parts.append("<p>No training metrics recorded for this task instance yet: ranks report them with "
+                     "<code>log_metrics(step, **metrics)</code>.</p>")
+    return "".join(parts)
+
+
+def create_app() -> FastAPI:
+    """The app the plugin mounts (``/hvd-training``)."""
+    app = FastAPI(title="Horovod training progress", docs_url=None, redoc_url=None, openapi_url=None)
+    page = "/dags/{dag_id}/runs/{run_id}/tasks/{task_id}"
+
+    @app.get(page, response_class=HTMLResponse, dependencies=[_can_read_task_instance])
+    def training_page(
+        request: Request, dag_id: str, run_id: str, task_id: str, session: SessionDep,
+        map_index: Annotated[int, Query(ge=-1)] = -1,
+    ) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        panel_src = (f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/tasks/"
+                     f"{quote(task_id, safe='')}/panel?map_index={map_index}")
+        html = (
+            '<!doctype html><html><head><meta charset="utf-8"><title>Training</title>'
+            f"<style>{_STYLE}</style></head><body>"
+            f'<div id="panel" data-src="{escape(panel_src)}">{_panel(session, dag_id, run_id, task_id, map_index)}</div>'
+            f'<script src="{escape(root)}/static/live.js"></script></body></html>'
+        )
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+    @app.get(page + "/panel", response_class=HTMLResponse, dependencies=[_can_read_task_instance])
+    def training_panel(
+        dag_id: str, run_id: str, task_id: str, session: SessionDep, map_index: Annotated[int, Query(ge=-1)] = -1,
+    ) -> HTMLResponse:
+        return HTMLResponse(_panel(session, dag_id, run_id, task_id, map_index), headers={"Cache-Control": "no-store"})
+
+    @app.get("/static/live.js")
+    def live_script() -> Response:
+        return Response(_SCRIPT, media_type="text/javascript")
+
+    return app
