@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -12,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .driver.channel import rank_log
+from .driver.encryption import warn_if_spark_encrypted
 from .driver.local_launch import LocalLauncher
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
 from .driver.supervisor import Launcher, Supervisor
+from .shared.liveness import liveness_settings, warn_if_gloo_first
 from .shared.payload import WARN_BYTES, dumps_job
 
 VERBOSITIES = ("all", "log_callback_only")
@@ -75,6 +78,11 @@ class HorovodRunner:
     start_timeout_s: float = 120.0
     #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
     payload_warning_bytes: int = WARN_BYTES
+    #: heartbeats between the driver and each rank's agent, in seconds (None: the Spark conf's
+    #: ``spark.horovodRunner.heartbeatInterval``/``...heartbeatTimeout``, else 2 and 10): a host silent for the
+    #: timeout is reported lost, and the ranks on a host that hears nothing from the driver for it are ended
+    heartbeat_interval_s: float | None = None
+    heartbeat_timeout_s: float | None = None
 
     def __init__(
         self,
@@ -118,12 +126,16 @@ class HorovodRunner:
             launcher: Launcher
             if self.num_processor < 0:
                 launcher = LocalLauncher(-self.num_processor)
+                conf: Callable[[str], str | None] = lambda key: None  # noqa: E731
             else:
-                launcher = SparkLauncher(
-                    active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
-                )
+                spark = active_session()
+                launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
+                conf = spark.sparkContext.getConf().get
+                warn_if_spark_encrypted(conf)
+            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
+            warn_if_gloo_first(liveness, os.environ)
             supervisor = Supervisor(
-                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
+                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s, liveness
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             with _rank_logs_visible():

@@ -83,7 +83,39 @@ class Cancelled:
     pass
 
 
-Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled
+@dataclass(frozen=True)
+class HostLost:
+    """Nothing came for the heartbeat timeout from any agent on one host: it vanished, or was cut off."""
+
+    ranks: tuple[int, ...]
+    address: str
+    hostname: str | None
+    detail: str  # how long it was silent, and what that means
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def where(self) -> str:
+        return f"on host {self.host()}"
+
+    def host(self) -> str:
+        return f"{self.hostname} ({self.address})" if self.hostname and self.hostname != self.address else self.address
+
+    def ranks_text(self) -> str:
+        if len(self.ranks) == 1:
+            return f"rank {self.ranks[0]}"
+        return "ranks " + ", ".join(map(str, self.ranks[:-1])) + f" and {self.ranks[-1]}"
+
+    def text(self, size: int) -> str:
+        return (
+            f"Horovod {self.ranks_text()} of {size} failed: their host {self.host()} was lost: "
+            f"nothing heard from {'its agent' if len(self.ranks) == 1 else 'any of their agents'} {self.detail}"
+        )
+
+
+Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | HostLost
 
 
 def describe_exit(code: int) -> str:
@@ -138,6 +170,8 @@ class RunOutcome:
             return f"{event.what} failed"
         if isinstance(event, StartTimedOut):
             return "the ranks did not all start in time"
+        if isinstance(event, HostLost):
+            return f"the host {event.host()} of {event.ranks_text()} was lost"
         return f"{_who(event.rank, event.where)} failed"
 
     def error(self, spark_reason: Callable[[tuple[int, int]], str | None] = lambda task: None) -> HorovodRunnerError | None:
@@ -178,6 +212,8 @@ class RunOutcome:
             if before_start or cause.rank is None:
                 return LaunchError(text)
             return self._rank_failed(cause.rank, text, exit_code=None, traceback=None, tail=[])
+        if isinstance(cause, HostLost):
+            return self._rank_failed(cause.rank, cause.text(self.size), exit_code=None, traceback=None, tail=[])
         assert isinstance(cause, RankFailed)
         done = cause.done
         parts = [f"Horovod rank {cause.rank} of {self.size} failed: {self._rank_line(done)}"]
@@ -208,6 +244,8 @@ class RunOutcome:
                 lines.append(f"{_who(event.rank, event.where)}: lost its agent {event.where}: {event.detail}")
             elif isinstance(event, AgentFailed):
                 lines.append(f"{_who(event.rank, event.where)}: its agent failed: {event.error.line()}")
+            elif isinstance(event, HostLost):
+                lines.append(f"{event.ranks_text()}: their host {event.host()} was lost: nothing heard {event.detail}")
         return lines
 
     def _rank_failed(

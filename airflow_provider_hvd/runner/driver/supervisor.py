@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -15,6 +16,7 @@ from horovod.runner.common.util.hosts import SlotInfo
 from ..agent.agent import AgentArgs
 from ..shared.gpus import GPU, visible_gpus
 from ..shared.horovod_env import forwarded_settings, slot_env
+from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
 from ..shared.messages import Done, Hello, Start
 from ..shared.wire import new_secret
@@ -25,6 +27,7 @@ from .outcome import (
     AgentLost,
     Cancelled,
     Event,
+    HostLost,
     LaunchFailed,
     Phase,
     RankFailed,
@@ -68,6 +71,7 @@ class Supervisor:
         verbosity: str,
         cancelled: Callable[[], bool],
         start_timeout_s: float,
+        liveness: Liveness | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -79,11 +83,12 @@ class Supervisor:
         self._finished: set[int] = set()  # ids of connections that reported or were lost
         self._outcome = RunOutcome(self.size)
         self._rendezvous: Rendezvous | None = None
+        self._liveness = liveness or Liveness()
 
     def run(self) -> Any:
         secret = new_secret()
         driver = self.launcher.driver
-        channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, agents=self.size, port=port))
+        channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness))
         try:
             self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
             log.info("HorovodRunner: driver channel on %s", driver.describe(channel.port))
@@ -92,6 +97,7 @@ class Supervisor:
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
+            args = dataclasses.replace(args, liveness=self._liveness)
             self.launcher.start(args, payload)
             del payload
             self._watch(channel)
@@ -158,6 +164,8 @@ class Supervisor:
             return
         if conn not in self._agents:
             return  # a turned-away agent, or a connection that never said hello
+        if id(conn) in self._finished:
+            return  # already accounted for, with its host (_host_lost)
         self._finished.add(id(conn))
         where = conn.where()
         if isinstance(message, Done):
@@ -167,10 +175,33 @@ class Supervisor:
                 self._record(RankFailed(conn.rank, where, message))  # type: ignore[arg-type]
         elif isinstance(message, AgentFailedMessage):
             self._record(AgentFailed(conn.rank, where, message.error))
+        elif event.silent_for is not None and self._host_lost(conn, event.silent_for):
+            return
         else:
             hello = conn.hello
             task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
             self._record(AgentLost(conn.rank, where, event.lost, task))  # type: ignore[arg-type]
+
+    def _host_lost(self, conn: AgentConnection, silent_for: float) -> bool:
+        """``conn`` went silent: when every running agent on its host went silent too, the host is lost (one
+        event naming its ranks); False when the others on its host are still heard from (that agent alone hangs)."""
+        if conn.rank is None or conn.hello is None:
+            return False
+        host = conn.hello.host
+        others = [other for other in self._running() if other.hello is not None and other.hello.host == host]
+        now = time.monotonic()
+        quiet = max(2 * self._liveness.interval_s, self._liveness.timeout_s / 2)
+        if any(now - other.last_heard < quiet for other in others):
+            return False
+        for other in others:
+            self._finished.add(id(other))  # their own silence, when the channel notices it, is not news
+        ranks = tuple(sorted([conn.rank, *(other.rank for other in others)]))  # type: ignore[misc]
+        detail = (
+            f"for {silent_for:.0f}s (heartbeat timeout {self._liveness.timeout_s:g}s): the host is down, or the "
+            "network between it and this driver is cut"
+        )
+        self._record(HostLost(ranks, host, conn.hello.hostname, detail))
+        return True
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]

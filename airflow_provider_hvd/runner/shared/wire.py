@@ -35,9 +35,11 @@ class Kind(enum.IntEnum):
     RESULT = 3
     DONE = 4
     AGENT_FAILED = 5
+    AGENT_ALIVE = 6  # heartbeat (.liveness)
     # driver -> agent
     START = 10
     ABORT = 12
+    DRIVER_ALIVE = 13  # heartbeat (.liveness)
     # rank process -> agent (control pipe)
     ERROR = 20
     MESSAGE = 21
