@@ -85,7 +85,7 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-@dataclass
+@dataclass(eq=False)  # one object per host: hashed and compared by identity
 class Host:
     index: int
     name: str  # its hostname
@@ -113,10 +113,13 @@ class Hosts:
     """``len(cores)`` hosts, host i with ``cores[i]`` cores and ``gpus[i]`` made-up GPUs ("0", "1", ... on each
     host, as on real ones), each running a Spark standalone worker of a master on the bridge's address."""
 
+    _made_here = 0
+
     def __init__(self, workdir: Path, cores: list[int], gpus: list[int] | None = None, worker_memory: str = "1g") -> None:
         self.workdir = workdir
-        self.tag = str(os.getpid())
-        self.subnet = free_subnet(os.getpid())
+        Hosts._made_here += 1  # a second set in this process gets names of its own
+        self.tag = f"{os.getpid()}{chr(ord('a') + Hosts._made_here % 26)}"
+        self.subnet = free_subnet(os.getpid() * 31 + Hosts._made_here)
         addresses = list(self.subnet.hosts())
         self.driver_address = str(addresses[0])  # the bridge's: the master and the driver listen here
         self.bridge = f"hvb{self.tag}"
