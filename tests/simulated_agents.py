@@ -32,7 +32,9 @@ from airflow_provider_hvd.runner.driver.outcome import LaunchFailed
 from airflow_provider_hvd.runner.driver.supervisor import Supervisor
 from airflow_provider_hvd.runner.shared.messages import (
     Abort,
+    AgentAlive,
     Done,
+    DriverAlive,
     Hello,
     LogBatch,
     Message,
@@ -91,7 +93,8 @@ class _Agent:
             data = await asyncio.wait_for(reader.read(1 << 16), self.scenario.give_up_s)
             if not data:
                 return None
-            self._pending.extend(decode(kind, body) for kind, body in self._decoder.feed(data))
+            messages = (decode(kind, body) for kind, body in self._decoder.feed(data))
+            self._pending.extend(message for message in messages if not isinstance(message, DriverAlive))
         return self._pending.pop(0)
 
     async def run(self, report: Report) -> None:
@@ -104,6 +107,7 @@ class _Agent:
         except (OSError, TimeoutError) as exc:
             self.record["error"] = repr(exc)
             return
+        beats: asyncio.Task | None = None
         try:
             nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), give_up)
             answer, driver_proof = agent_answer(self.secret, nonce)
@@ -112,6 +116,7 @@ class _Agent:
                 raise RuntimeError("the driver did not prove the secret")
             writer.write(frame(Hello(host=host, pid=os.getpid(), executor=f"sim-{self.index}", partition=self.index,
                                      attempt=0, cpus=1)))
+            beats = asyncio.create_task(self._beat(writer))  # as a real agent's heartbeats
             self.record["hello"] = time.monotonic()
             start = await self._next(reader)
             if not isinstance(start, Start):
@@ -140,7 +145,15 @@ class _Agent:
         except Exception as exc:  # noqa: BLE001 - reported to the test
             self.record["error"] = repr(exc)
         finally:
+            if beats is not None:
+                beats.cancel()
             writer.close()
+
+    @staticmethod
+    async def _beat(writer: asyncio.StreamWriter, interval_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            writer.write(frame(AgentAlive()))
 
     async def _log(self, writer: asyncio.StreamWriter, rank: int) -> None:
         lines = [f"rank {rank} line {n}" for n in range(self.scenario.lines_per_rank)]

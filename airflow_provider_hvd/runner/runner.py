@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -12,12 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .driver.channel import rank_log
-from .errors import LaunchError
+from .driver.encryption import warn_if_spark_encrypted
 from .driver.local_launch import LocalLauncher
 from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
+from .shared.liveness import liveness_settings, warn_if_gloo_first
+from .errors import LaunchError
 from .shared.payload import WARN_BYTES, dumps_job
 
 if TYPE_CHECKING:
@@ -40,6 +43,8 @@ def _supervisor_class() -> type[Supervisor]:
             raise LaunchError(HOROVOD_MISSING) from exc
         raise
     return Supervisor
+
+
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 
@@ -109,6 +114,11 @@ class HorovodRunner:
     metrics_rank: int = 0
     #: the least time between two writes of the same progress key to ``progress_sink``
     progress_interval_s: float = 5.0
+    #: heartbeats between the driver and each rank's agent, in seconds (None: the Spark conf's
+    #: ``spark.horovodRunner.heartbeatInterval``/``...heartbeatTimeout``, else 2 and 10): a host silent for the
+    #: timeout is reported lost, and the ranks on a host that hears nothing from the driver for it are ended
+    heartbeat_interval_s: float | None = None
+    heartbeat_timeout_s: float | None = None
 
     def __init__(
         self,
@@ -158,13 +168,18 @@ class HorovodRunner:
             launcher: Launcher
             if self.num_processor < 0:
                 launcher = LocalLauncher(-self.num_processor)
+                conf: Callable[[str], str | None] = lambda key: None  # noqa: E731
             else:
-                launcher = SparkLauncher(
-                    active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
-                )
+                spark = active_session()
+                launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
+                conf = spark.sparkContext.getConf().get
+                warn_if_spark_encrypted(conf)
+            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
+            warn_if_gloo_first(liveness, os.environ)
             progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
             supervisor = _supervisor_class()(
-                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s, progress
+                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s, progress,
+                liveness,
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             if self.resume_from is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import reaper
 from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
+from ..shared.liveness import Liveness
 from ..shared.messages import (
     Abort,
     AgentFailed,
@@ -43,6 +44,7 @@ from ..shared.messages import (
 )
 from ..shared.rank_tag import tagged
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
+from .liveness import DriverWatch
 from .rank_env import rank_environment
 from .relay import Outbox, OutputSplitter, Piece
 
@@ -65,6 +67,7 @@ class AgentArgs:
     echo_output: bool  # lines go to this process's stderr too, tagged with the rank (the executor's log)...
     echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
     keep_omp_threads: bool = False  # OMP_NUM_THREADS was set explicitly for the ranks (see rank_env)
+    liveness: Liveness = Liveness()  # heartbeats with the driver (the run's settings, from the driver)
 
 
 class _RankProcess:
@@ -196,22 +199,27 @@ class _RankProcess:
         return code
 
 
-def _watch_driver(stream: FrameStream, rank_process: _RankProcess) -> None:
+def _watch_driver(watch: DriverWatch, rank_process: _RankProcess) -> None:
     try:
-        message = receive(stream)
+        message = watch.receive()
         reason = message.reason if isinstance(message, Abort) else f"unexpected {type(message).__name__}"
     except (ConnectionClosed, OSError):
-        reason = "lost the connection to the driver"
+        reason = watch.silent_reason or "lost the connection to the driver"
     rank_process.terminate(reason)
+    try:
+        while True:  # the driver's heartbeats go on until it has the agent's report
+            watch.receive()
+    except (ConnectionClosed, OSError, ValueError):
+        pass
 
 
 def _run_rank(
-    args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, read_job: Callable[[], bytes]
+    args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, read_job: Callable[[], bytes], watch: DriverWatch
 ) -> threading.Thread:
     env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
     outbox = Outbox(stream)
     rank_process = _RankProcess(start.rank, env, read_job(), args, outbox)  # the job is not kept once written
-    watcher = threading.Thread(target=_watch_driver, args=(stream, rank_process), name="hvd-agent-watch", daemon=True)
+    watcher = threading.Thread(target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True)
     watcher.start()
     exit_code = rank_process.wait()
     outbox.close()
@@ -240,19 +248,22 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
     stream = FrameStream.over_socket(sock)
     watcher: threading.Thread | None = None
+    watch: DriverWatch | None = None
     try:
         connect_handshake(sock, args.secret)
-        host = sock.getsockname()[0]
-        hello = Hello(host=host, pid=os.getpid()) if hello is None else dataclasses.replace(hello, host=host)
+        watch = DriverWatch(stream, sock, args.liveness)
+        host, hostname = sock.getsockname()[0], socket.gethostname()
+        hello = Hello(host=host, pid=os.getpid()) if hello is None else hello
+        hello = dataclasses.replace(hello, host=host, hostname=hostname)
         send(stream, hello)
         try:
-            start = receive(stream)
+            start = watch.receive()
         except (ConnectionClosed, OSError):
             return "lost the driver"
         if not isinstance(start, Start):
             return "turned away"  # an Abort: the run has ended, or started without this task
         try:
-            watcher = _run_rank(args, stream, hello, start, read_job)
+            watcher = _run_rank(args, stream, hello, start, read_job, watch)
             return "done"
         except (ConnectionClosed, ConnectionError):  # reporting to the driver failed: it is gone
             return "lost the driver"
@@ -264,5 +275,7 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
             return "failed"
     finally:
         stream.close()
+        if watch is not None:
+            watch.stop()
         if watcher is not None:
             watcher.join()

@@ -6,6 +6,10 @@ at most :data:`MAX_PENDING_HANDSHAKES` may be proving it at once (a silent or ga
 socket and a few bytes, for at most the handshake timeout); more wait in the listen queue until one of those
 is done. The supervisor's few messages (Start, Abort) are written from its own thread. Closing the channel
 leaves no thread or socket behind.
+
+Liveness (:mod:`..shared.liveness`): the loop sends every proven connection a heartbeat each interval, and a
+connection from which nothing (no frame, no byte) came for the heartbeat timeout is lost, ``silent_for`` set:
+its agent's host vanished, or the network to it is cut (no FIN or RST ever comes then).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import queue
 import resource
+import select
 import selectors
 import socket
 import threading
@@ -23,8 +28,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..shared import wire
-from ..shared.messages import Abort, AgentFailed, Done, Hello, LogBatch, Message, Result, Start, decode, frame
-from ..shared.messages import Checkpoint, Metrics
+from ..shared.liveness import Liveness
+from ..shared.messages import (
+    Abort,
+    AgentAlive,
+    AgentFailed,
+    Checkpoint,
+    Done,
+    DriverAlive,
+    Hello,
+    LogBatch,
+    Message,
+    Metrics,
+    Result,
+    Start,
+    decode,
+    frame,
+)
 from ..shared.rank_tag import RANK_LINE, RANK_TAG
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
@@ -38,6 +58,7 @@ SEND_TIMEOUT_S = 30.0  # a Start or an Abort to an agent that reads nothing give
 _READ_BYTES = 1 << 18
 _FD_PAUSE_S = 0.5
 _EXPIRY_CHECK_S = 0.25
+_HEARTBEAT = frame(DriverAlive())
 _SPARE_DESCRIPTORS = 256  # beside the agents' connections: unproven ones, the rendezvous, Spark's, the user's
 
 
@@ -59,6 +80,19 @@ class AgentConnection:
         self.handshake_deadline = time.monotonic() + wire.HANDSHAKE_TIMEOUT_S
         self._answer = bytearray()
         self.decoder = FrameDecoder()
+        self.last_heard = time.monotonic()  # the last bytes from the agent (liveness)
+
+    def beat(self) -> None:
+        """Send a heartbeat if that cannot block: not while another frame is being written, nor into a full buffer."""
+        if not self._send_lock.acquire(blocking=False):
+            return  # a Start or an Abort is on its way: that is a sign of life too
+        try:
+            if not self._closed and _ready(self.sock, select.POLLOUT):
+                self.sock.send(_HEARTBEAT)
+        except OSError:
+            pass  # gone: its end reaches the loop as a read
+        finally:
+            self._send_lock.release()
 
     def where(self) -> str:
         return self.hello.where() if self.hello else f"at {self.peer}"
@@ -121,6 +155,13 @@ def make_room_for_connections(count: int) -> None:
         )
 
 
+def _ready(sock: socket.socket, events: int) -> bool:
+    """Whether ``sock`` is ready for ``events`` now (poll: descriptors past 1,024 are common here)."""
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(0))
+
+
 @dataclass(frozen=True)
 class ChannelEvent:
     """An agent said hello, reported (Done or AgentFailed), or its connection ended before it reported."""
@@ -128,13 +169,16 @@ class ChannelEvent:
     conn: AgentConnection
     message: Hello | Done | AgentFailed | None  # None: lost
     lost: str = ""
+    silent_for: float | None = None  # lost because nothing came from it for this long (heartbeat timeout)
 
 
 class DriverChannel:
     """Listens on ``host``:``port`` (0: any free port) for agents that prove ``secret``; control events go to
     ``events``, logs to logging."""
 
-    def __init__(self, host: str, secret: bytes, agents: int = 0, port: int = 0) -> None:
+    def __init__(
+        self, host: str, secret: bytes, agents: int = 0, port: int = 0, liveness: Liveness | None = None
+    ) -> None:
         self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)  # first: nothing to undo if taken
         make_room_for_connections(agents)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
@@ -146,6 +190,8 @@ class DriverChannel:
         self._listening = True
         self._fd_pause_until = 0.0  # out of file descriptors: accepting resumes then
         self._warned_full = False
+        self.liveness = liveness or Liveness()
+        self._next_beat = time.monotonic() + self.liveness.interval_s
         self._listener.setblocking(False)
         self.host, self.port = self._listener.getsockname()[:2]
         self._wake_r, self._wake_w = socket.socketpair()
@@ -166,6 +212,7 @@ class DriverChannel:
                     elif key.fileobj is not self._wake_r:
                         self._on_readable(key.data)
                 self._expire_handshakes()
+                self._keep_alive()
                 self._update_listening()
         finally:
             for key in list(self._selector.get_map().values()):
@@ -177,6 +224,7 @@ class DriverChannel:
 
     def _select_timeout(self) -> float | None:
         timeouts = [_EXPIRY_CHECK_S] if self._pending else []  # often enough to close unproven connections on time
+        timeouts.append(max(0.0, self._next_beat - time.monotonic()))
         if self._fd_pause_until:
             timeouts.append(max(0.0, self._fd_pause_until - time.monotonic()))
         return min(timeouts, default=None)
@@ -230,6 +278,31 @@ class DriverChannel:
             if isinstance(conn, AgentConnection) and conn.handshake is not None and now > conn.handshake_deadline:
                 self._reject(conn, "it did not prove this run's secret in time")
 
+    def _keep_alive(self) -> None:
+        """Each interval: a heartbeat to every proven connection, and the end of those silent past the timeout.
+
+        It runs after the loop has read what the select found: a loop that was itself held up (a busy driver)
+        first reads the heartbeats that waited, and ends no live connection.
+        """
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.liveness.interval_s
+        for key in list(self._selector.get_map().values()):
+            conn = key.data
+            if not isinstance(conn, AgentConnection) or conn.handshake is not None:
+                continue
+            silent = now - conn.last_heard
+            if silent > self.liveness.timeout_s:
+                self._lost(
+                    conn,
+                    f"nothing heard from it for {silent:.0f}s (heartbeat timeout {self.liveness.timeout_s:g}s): "
+                    "its host is down, or the network between it and this driver is cut",
+                    silent_for=silent,
+                )
+            else:
+                conn.beat()
+
     def _reject(self, conn: AgentConnection, why: object) -> None:
         if not self._closed:
             log.warning("HorovodRunner: rejected a connection from %s to the driver channel: %s", conn.peer, why)
@@ -249,6 +322,7 @@ class DriverChannel:
             data, error = b"", exc
         else:
             error = None
+            conn.last_heard = time.monotonic()
         if conn.handshake is not None:
             self._on_handshake_data(conn, data, error)
             return
@@ -283,7 +357,9 @@ class DriverChannel:
 
     def _on_message(self, conn: AgentConnection, message: Message) -> bool:
         """Take one message; True when it is the agent's last."""
-        if isinstance(message, LogBatch):
+        if isinstance(message, AgentAlive):
+            pass  # (its bytes were counted as a sign of life when they were read)
+        elif isinstance(message, LogBatch):
             self._relay(conn, message)
         elif isinstance(message, Result):
             conn.result = message.data
@@ -301,9 +377,9 @@ class DriverChannel:
             raise ValueError(f"an agent does not send {type(message).__name__}")
         return False
 
-    def _lost(self, conn: AgentConnection, why: str) -> None:
+    def _lost(self, conn: AgentConnection, why: str, silent_for: float | None = None) -> None:
         self._drop(conn)
-        self.events.put(ChannelEvent(conn, None, lost=why))
+        self.events.put(ChannelEvent(conn, None, lost=why, silent_for=silent_for))
 
     @staticmethod
     def _relay(conn: AgentConnection, batch: LogBatch) -> None:

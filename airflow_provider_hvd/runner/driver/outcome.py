@@ -94,11 +94,33 @@ class Cancelled:
     pass
 
 
-Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled
+@dataclass(frozen=True)
+class HostLost:
+    """Nothing came for the heartbeat timeout from any agent on one host: it vanished, or was cut off."""
+
+    ranks: tuple[int, ...]
+    address: str
+    hostname: str | None
+    detail: str  # how long it was silent, and what that means
+    received_at: float | None = None  # when the driver decided it (time.time()): the host cannot say
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def where(self) -> str:
+        return f"on host {self.host()}"
+
+    def host(self) -> str:
+        return f"{self.hostname} ({self.address})" if self.hostname and self.hostname != self.address else self.address
 
 
-Failure = RankFailed | AgentLost | AgentFailed
-FAILURES = (RankFailed, AgentLost, AgentFailed)
+Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | HostLost
+
+
+Failure = RankFailed | AgentLost | AgentFailed | HostLost
+FAILURES = (RankFailed, AgentLost, AgentFailed, HostLost)
 
 
 def source_time(event: Failure) -> float | None:
@@ -225,7 +247,7 @@ class RunOutcome:
     def _decide_if_all_reported(self) -> Event | None:
         if self.phase is not Phase.SETTLING:
             return None
-        failed = {event.rank for event in self._candidates}
+        failed = {rank for event in self._candidates for rank in (event.ranks if isinstance(event, HostLost) else [event.rank])}
         if len(self.succeeded | failed) < self.size:
             return None
         return self._decide()
@@ -244,7 +266,7 @@ class RunOutcome:
     def _happened_before_decision(self, event: Failure) -> bool:
         """A failure reported after the decision may still be the cause if it happened before it, at its source
         (not a lost agent: only the driver's receive time tells when that happened, which is after)."""
-        if _driver_ended(event) or isinstance(event, AgentLost):
+        if _driver_ended(event) or isinstance(event, AgentLost | HostLost):
             return False
         at = source_time(event)
         return at is not None and self.decided_at is not None and at < self.decided_at

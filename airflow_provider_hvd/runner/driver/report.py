@@ -17,6 +17,7 @@ from .outcome import (
     AgentLost,
     Cancelled,
     Event,
+    HostLost,
     LaunchFailed,
     RankFailed,
     RunOutcome,
@@ -42,6 +43,20 @@ def who(rank: int | None, where: str) -> str:
     return f"rank {rank}" if rank is not None else f"the agent {where}"
 
 
+def ranks_text(ranks: tuple[int, ...]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def host_lost_text(cause: HostLost, size: int) -> str:
+    agents = "its agent" if len(cause.ranks) == 1 else "any of their agents"
+    return (
+        f"Horovod {ranks_text(cause.ranks)} of {size} failed: their host {cause.host()} was lost: "
+        f"nothing heard from {agents} {cause.detail}"
+    )
+
+
 def abort_reason(cause: Event) -> str:
     """What the run's other ranks are told when they are ended (it shows in their lines of the error)."""
     if isinstance(cause, Cancelled):
@@ -50,6 +65,8 @@ def abort_reason(cause: Event) -> str:
         return f"{cause.what} failed"
     if isinstance(cause, StartTimedOut):
         return "the ranks did not all start in time"
+    if isinstance(cause, HostLost):
+        return f"the host {cause.host()} of {ranks_text(cause.ranks)} was lost"
     assert isinstance(cause, FAILURES)
     return f"{who(cause.rank, cause.where)} failed"
 
@@ -84,6 +101,8 @@ def _other_line(event: Event, cause: Event | None) -> str | None:
         return f"{who(event.rank, event.where)}: lost its agent {event.where}: {event.detail}"
     if isinstance(event, AgentFailed):
         return f"{who(event.rank, event.where)}: its agent failed: {event.error.line()}"
+    if isinstance(event, HostLost):
+        return f"{ranks_text(event.ranks)}: their host {event.host()} was lost: nothing heard {event.detail}"
     return None
 
 
@@ -124,6 +143,8 @@ def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None
             f"(its Spark task, executor or host died): {reason}"
         )
         return _rank_failed(cause.rank, text, lines, exit_code=None, traceback=None, tail=[])
+    if isinstance(cause, HostLost):
+        return _rank_failed(cause.rank, host_lost_text(cause, outcome.size), lines, exit_code=None, traceback=None, tail=[])
     assert isinstance(cause, RankFailed)
     done = cause.done
     parts = [f"Horovod rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -14,6 +15,7 @@ import cloudpickle
 from ..agent.agent import AgentArgs
 from ..shared.gpus import GPU, visible_gpus
 from ..shared.horovod_env import forwarded_settings, slot_env
+from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
 from ..shared.messages import Done, Hello, Start
 from ..shared.wire import new_secret
@@ -27,6 +29,7 @@ from .outcome import (
     AgentLost,
     Cancelled,
     Event,
+    HostLost,
     LaunchFailed,
     Phase,
     RankFailed,
@@ -73,6 +76,7 @@ class Supervisor:
         cancelled: Callable[[], bool],
         start_timeout_s: float,
         progress: RunProgress | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -85,11 +89,12 @@ class Supervisor:
         self._outcome = RunOutcome(self.size)
         self._rendezvous: Rendezvous | None = None
         self._progress = progress or RunProgress()
+        self._liveness = liveness or Liveness()
 
     def run(self) -> Any:
         secret = new_secret()
         driver = self.launcher.driver
-        channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, agents=self.size, port=port))
+        channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness))
         channel.on_progress = self._progress.take
         try:
             self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
@@ -99,6 +104,7 @@ class Supervisor:
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
+            args = dataclasses.replace(args, liveness=self._liveness)
             self.launcher.start(args, payload)
             del payload
             self._watch(channel)
@@ -171,6 +177,8 @@ class Supervisor:
             return
         if conn not in self._agents:
             return  # a turned-away agent, or a connection that never said hello
+        if id(conn) in self._finished:
+            return  # already accounted for, with its host (_host_lost)
         self._finished.add(id(conn))
         where = conn.where()
         received_at = time.time()  # what a failure's own source time falls back on (see outcome.source_time)
@@ -181,11 +189,34 @@ class Supervisor:
                 self._record(RankFailed(conn.rank, where, message, received_at=received_at))  # type: ignore[arg-type]
         elif isinstance(message, AgentFailedMessage):
             self._record(AgentFailed(conn.rank, where, message.error, received_at=received_at))
+        elif event.silent_for is not None and self._host_lost(conn, event.silent_for, received_at):
+            return
         else:
             hello = conn.hello
             task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
             lost = AgentLost(conn.rank, where, event.lost, task, received_at=received_at)  # type: ignore[arg-type]
             self._record(lost)
+
+    def _host_lost(self, conn: AgentConnection, silent_for: float, received_at: float) -> bool:
+        """``conn`` went silent: when every running agent on its host went silent too, the host is lost (one
+        event naming its ranks); False when the others on its host are still heard from (that agent alone hangs)."""
+        if conn.rank is None or conn.hello is None:
+            return False
+        host = conn.hello.host
+        others = [other for other in self._running() if other.hello is not None and other.hello.host == host]
+        now = time.monotonic()
+        quiet = max(2 * self._liveness.interval_s, self._liveness.timeout_s / 2)
+        if any(now - other.last_heard < quiet for other in others):
+            return False
+        for other in others:
+            self._finished.add(id(other))  # their own silence, when the channel notices it, is not news
+        ranks = tuple(sorted([conn.rank, *(other.rank for other in others)]))  # type: ignore[misc]
+        detail = (
+            f"for {silent_for:.0f}s (heartbeat timeout {self._liveness.timeout_s:g}s): the host is down, or the "
+            "network between it and this driver is cut"
+        )
+        self._record(HostLost(ranks, host, conn.hello.hostname, detail, received_at))
+        return True
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]

@@ -74,6 +74,7 @@ class Hello(Message):
     attempt: int | None = None
     cpus: int | None = None  # the cores Spark gave the task
     resources: dict[str, list[str]] = field(default_factory=dict)  # Spark's task resources (gpu -> addresses)
+    hostname: str | None = None  # the host's name (``host`` is its address)
 
     def where(self) -> str:
         if self.executor is None:
@@ -209,11 +210,25 @@ class RankCheckpoint(Checkpoint):
         return Checkpoint(self.path, self.info, self.time)
 
 
+# heartbeats, both ways, every interval (.liveness); any frame received shows that the link is alive
+
+
+@dataclass(frozen=True)
+class AgentAlive(Message):
+    KIND: ClassVar[Kind] = Kind.AGENT_ALIVE
+
+
+@dataclass(frozen=True)
+class DriverAlive(Message):
+    KIND: ClassVar[Kind] = Kind.DRIVER_ALIVE
+
+
 _BY_KIND: dict[Kind, type[Message]] = {
     cls.KIND: cls
     for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Abort, RankError, DriverMessage)
 }
 _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
+_BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})
 
 
 def send(stream: FrameStream, message: Message) -> None:

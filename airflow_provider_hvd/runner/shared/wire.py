@@ -37,9 +37,11 @@ class Kind(enum.IntEnum):
     AGENT_FAILED = 5
     METRICS = 7  # progress: a rank's metrics, relayed by its agent
     CHECKPOINT = 8  # progress: a checkpoint a rank reported, relayed by its agent
+    AGENT_ALIVE = 6  # heartbeat (.liveness)
     # driver -> agent
     START = 10
     ABORT = 12
+    DRIVER_ALIVE = 13  # heartbeat (.liveness)
     # rank process -> agent (control pipe)
     ERROR = 20
     MESSAGE = 21
