@@ -16,6 +16,7 @@ from .runner import (
     LaunchError,
     RankFailedError,
     RunCancelledError,
+    RunStalledError,
     log_to_driver,
 )
 

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -193,15 +194,18 @@ class HorovodHook(BaseHook):
         np: int,
         driver_log_verbosity: str = "log_callback_only",
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        stall_timeout: float | timedelta | None = None,
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
-        slots; ``np < 0`` runs the ranks in this process's host, without Spark.
+        slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``stall_timeout``: see
+        :class:`HorovodRunner` (off by default).
         """
         self._runner = HorovodRunner(
-            np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout
+            np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout,
+            stall_timeout=stall_timeout,
         )
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})

@@ -18,7 +18,7 @@ package / module    runs in                                     what it does
 ==================  ==========================================  ===============================================
 """
 
-from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError, RunStalledError
 from .rank.control import log_to_driver
 from .runner import HorovodRunner
 
@@ -28,5 +28,6 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
+    "RunStalledError",
     "log_to_driver",
 ]

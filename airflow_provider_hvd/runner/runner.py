@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from .driver.channel import rank_log
@@ -16,6 +17,7 @@ from .driver.local_launch import LocalLauncher
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
+from .driver.stalls import check_stall_timeout
 from .driver.supervisor import Launcher, Supervisor
 from .shared.payload import WARN_BYTES, dumps_job
 
@@ -70,6 +72,9 @@ class HorovodRunner:
         ``LogCallback`` lines, the rest staying in the executors' stderr.
     :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
         busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once).
+    :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
+        (``log_to_driver``, metrics) for that long, the ranks' Python stacks are collected, every rank is ended
+        and ``run`` raises :class:`RunStalledError` saying where each one was. ``None`` (default): off.
     """
 
     start_timeout_s: float = 120.0
@@ -82,6 +87,7 @@ class HorovodRunner:
         np: int,
         driver_log_verbosity: str = "log_callback_only",
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        stall_timeout: float | timedelta | None = None,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
@@ -89,6 +95,7 @@ class HorovodRunner:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
         check_verbosity(driver_log_verbosity)
         self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self._runs: list[_Run] = []
@@ -123,7 +130,8 @@ class HorovodRunner:
                     active_session(), self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
                 )
             supervisor = Supervisor(
-                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s
+                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s,
+                stall_timeout=self.stall_timeout,
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             with _rank_logs_visible():

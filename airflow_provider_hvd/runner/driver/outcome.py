@@ -12,9 +12,12 @@ import enum
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
 from ..shared.messages import Done, RemoteError
+from .kills import describe_kill
+from .stalls import Stalled, stall_error
 
 OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
 
@@ -40,6 +43,7 @@ class RankFailed:
     rank: int
     where: str
     done: Done
+    kill_evidence: dict[str, Any] | None = None  # killed by a signal the driver did not send: what was seen (.kills)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Cancelled:
     pass
 
 
-Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled
+Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | Stalled
 
 
 def describe_exit(code: int) -> str:
@@ -138,6 +142,8 @@ class RunOutcome:
             return f"{event.what} failed"
         if isinstance(event, StartTimedOut):
             return "the ranks did not all start in time"
+        if isinstance(event, Stalled):
+            return event.reason()
         return f"{_who(event.rank, event.where)} failed"
 
     def error(self, spark_reason: Callable[[tuple[int, int]], str | None] = lambda task: None) -> HorovodRunnerError | None:
@@ -147,6 +153,8 @@ class RunOutcome:
             return None
         if isinstance(cause, Cancelled):
             return RunCancelledError("HorovodRunner: the run was cancelled; every rank was ended")
+        if isinstance(cause, Stalled):
+            return stall_error(cause)
         if isinstance(cause, StartTimedOut):
             return LaunchError(
                 f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
@@ -181,6 +189,8 @@ class RunOutcome:
         assert isinstance(cause, RankFailed)
         done = cause.done
         parts = [f"Horovod rank {cause.rank} of {self.size} failed: {self._rank_line(done)}"]
+        if cause.kill_evidence:
+            parts.append(describe_kill(cause.kill_evidence))
         if done.error:
             parts.append(f"--- remote traceback (rank {cause.rank}) ---\n{done.error.traceback.rstrip()}")
         if done.tail:

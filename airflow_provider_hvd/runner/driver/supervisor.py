@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -33,6 +34,7 @@ from .outcome import (
     StartTimedOut,
 )
 from .rendezvous import Rendezvous, plan_ranks
+from .stalls import StallWatch, activity_period, collect_stacks, where_ranks_were
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -68,6 +70,7 @@ class Supervisor:
         verbosity: str,
         cancelled: Callable[[], bool],
         start_timeout_s: float,
+        stall_timeout: float | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -79,6 +82,7 @@ class Supervisor:
         self._finished: set[int] = set()  # ids of connections that reported or were lost
         self._outcome = RunOutcome(self.size)
         self._rendezvous: Rendezvous | None = None
+        self._stalls = StallWatch(stall_timeout) if stall_timeout else None
 
     def run(self) -> Any:
         secret = new_secret()
@@ -92,9 +96,16 @@ class Supervisor:
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
+            if self._stalls is not None:
+                args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
             self.launcher.start(args, payload)
             del payload
-            self._watch(channel)
+            try:
+                self._watch(channel)
+            except BaseException as exc:  # e.g. Airflow's execution_timeout (AirflowTaskTimeout), or Ctrl-C
+                said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self._say_where_ranks_are(f"the driver was interrupted ({said})")
+                raise
         finally:
             channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
             self.launcher.stop(cancel=self._outcome.cause is not None or len(self._outcome.succeeded) < self.size)
@@ -116,6 +127,8 @@ class Supervisor:
         launch_failed_at: float | None = None
         while True:
             if self._cancelled():
+                if not self._outcome.ending:
+                    self._say_where_ranks_are("the run was cancelled")
                 self._record(Cancelled())
             try:
                 self._on_event(channel.events.get(timeout=_POLL_S))
@@ -129,10 +142,29 @@ class Supervisor:
                     self._record(failure)
             if self._outcome.phase is Phase.STARTING and now > start_deadline:
                 self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+            if self._stalls is not None and self._outcome.phase is Phase.RUNNING:
+                stalled = self._stalls.check(self._running(), now)
+                if stalled is not None:
+                    log.warning("HorovodRunner: %s; the ranks' Python stacks:\n%s", stalled.reason(), stalled.dumps())
+                    self._record(stalled)
             if self._outcome.ending:
                 abort_deadline = abort_deadline or now + ABORT_WAIT_S
                 if not self._running() or now > abort_deadline:
                     return
+
+    def _say_where_ranks_are(self, why: str) -> None:
+        """Log where the running ranks are (their Python stacks), before they are ended."""
+        running = self._running()
+        if not running:
+            return
+        try:
+            ranks = collect_stacks(running)
+        except Exception:  # noqa: BLE001 - never in the way of ending the run
+            log.exception("HorovodRunner: could not collect the ranks' stacks")
+            return
+        log.warning(
+            "HorovodRunner: %s; where the ranks were (innermost frames first):\n%s", why, where_ranks_were(ranks)
+        )
 
     def _agents_started(self) -> int:
         return sum(conn.rank is not None for conn in self._agents)
@@ -164,13 +196,24 @@ class Supervisor:
             if message.ok:
                 self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
             else:
-                self._record(RankFailed(conn.rank, where, message))  # type: ignore[arg-type]
+                evidence = message.kill_evidence and {
+                    **message.kill_evidence, "memory_settings": self._memory_settings()
+                }
+                self._record(RankFailed(conn.rank, where, message, evidence))  # type: ignore[arg-type]
         elif isinstance(message, AgentFailedMessage):
             self._record(AgentFailed(conn.rank, where, message.error))
         else:
             hello = conn.hello
             task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
             self._record(AgentLost(conn.rank, where, event.lost, task))  # type: ignore[arg-type]
+
+    def _memory_settings(self) -> dict[str, str]:
+        """The launcher's memory settings (Spark's), for a killed rank's evidence (.kills)."""
+        settings = getattr(self.launcher, "memory_settings", None)
+        try:
+            return settings() if settings else {}
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone: the settings are a nicety
+            return {}
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]

@@ -41,6 +41,10 @@ class Kind(enum.IntEnum):
     # rank process -> agent (control pipe)
     ERROR = 20
     MESSAGE = 21
+    # stalls and killed ranks: agent -> driver, driver -> agent, rank process -> agent (control pipe)
+    RANK_STATE = 9
+    DUMP_STACKS = 14
+    RANK_READY = 24
 
 
 class ConnectionClosed(EOFError):
