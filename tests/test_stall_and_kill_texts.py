@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow_provider_hvd import RankFailedError, RunStalledError
+from airflow_provider_hvd.runner.agent.activity import is_stall_warning
 from airflow_provider_hvd.runner.driver.kills import describe_kill
 from airflow_provider_hvd.runner.driver.outcome import Cancelled, RankFailed, RunOutcome
 from airflow_provider_hvd.runner.driver.stalls import Stalled, StalledRank
@@ -100,3 +101,18 @@ def test_kill_texts_without_an_oom_kill():
         "eviction, or a person). Memory limits in force: none could be read."
     )
     assert describe_kill({"signal": "SIGBUS"}).startswith("Likely cause: a crash in native code (SIGBUS)")
+
+
+def test_horovods_own_stall_warning_is_not_activity():
+    """Its lines, as horovod/common/stall_inspector.cc (0.28.1) writes them through its logger."""
+    warning = [
+        "[2026-11-30 20:41:07.123456: W /tmp/horovod-0.28.1/horovod/common/stall_inspector.cc:107] One or more "
+        "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for "
+        "remainder of ranks for more than 60 seconds. This may indicate that different ranks are trying to submit "
+        "different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. ",
+        "Missing ranks:",
+        "1: [allreduce.after_the_hang]",
+        "3!: [allreduce.noname.1, allreduce.noname.2 ...]",
+    ]
+    assert all(is_stall_warning(line) for line in warning)
+    assert not any(is_stall_warning(line) for line in ["epoch 3: loss=0.25", "Missing ranks: none", 7])

@@ -14,18 +14,23 @@ from jobs import assert_all_gone, sleep_and_record, wait_for_pids
 from airflow_provider_hvd import HorovodRunner, RunCancelledError, RunStalledError
 
 THIS_FILE = str(Path(__file__).resolve())
-STALL_S = 4.0
+STALL_S = 5.0
 # the feature's bound: the timeout, a tenth of it for the agents' reports, the stacks' answers (5 s at most),
 # and margin for a loaded 2-core machine
 DETECTED_WITHIN_S = STALL_S + 0.1 * STALL_S + 5.0 + 10.0
 
 
 def hang_in_a_collective(marker: str, active_s: float = 0.0) -> None:
-    """Rank 1 goes quiet in ``wait_forever``; rank 0 waits for it in an allreduce. Before that, both print for
-    ``active_s`` seconds (output only: activity the driver is not shown with the default verbosity)."""
+    """Rank 1 goes quiet in ``wait_forever``; rank 0 waits for it in an allreduce. Before that, both print: while
+    they import torch and Horovod (tens of seconds on a loaded machine), then for ``active_s`` seconds (output
+    only: activity the driver is not shown with the default verbosity)."""
     import os
+    import threading
     import time
 
+    starting = threading.Event()
+    threading.Thread(target=lambda: [print("starting", flush=True) for _ in iter(lambda: starting.wait(0.5), True)],
+                     daemon=True).start()
     import horovod.torch as hvd
     import torch
 
@@ -34,6 +39,7 @@ def hang_in_a_collective(marker: str, active_s: float = 0.0) -> None:
     while time.monotonic() < until:
         print(f"rank {hvd.rank()} working", flush=True)
         time.sleep(0.3)
+    starting.set()
     if hvd.rank() == 1:
         open(marker, "w").write(str(time.time()))  # quiet from here on
         wait_forever()
@@ -51,7 +57,7 @@ def wait_forever() -> None:
 def check_where(err: RunStalledError) -> None:
     text = str(err)
     assert err.ranks == [0, 1], text
-    assert "no rank wrote output or reported progress for 4s (stall_timeout=4)" in text, text
+    assert f"no rank wrote output or reported progress for {STALL_S:.0f}s (stall_timeout={STALL_S:g})" in text, text
     assert "Stalled: ranks 0, 1." in text, text
     # rank 1: its own code, first the user's frame, then the innermost frames (faulthandler's lines)
     assert "rank 1 (quiet for " in text and f"was in wait_forever ({THIS_FILE}, line " in text, text
@@ -63,7 +69,7 @@ def check_where(err: RunStalledError) -> None:
     assert "Current thread" in err.stacks[0] or "Thread 0x" in err.stacks[0]  # every thread, as faulthandler wrote them
 
 
-def test_a_quiet_run_is_ended_with_where_each_rank_was(tmp_path, pid_dir):
+def test_a_quiet_run_is_ended_with_where_each_rank_was(tmp_path):
     marker = tmp_path / "quiet-since"
     with pytest.raises(RunStalledError) as info:
         HorovodRunner(np=-2, stall_timeout=STALL_S).run(hang_in_a_collective, marker=str(marker))
@@ -80,13 +86,13 @@ def test_output_keeps_a_spark_run_alive_until_it_goes_quiet(spark_local, tmp_pat
     marker = tmp_path / "quiet-since"
     started = time.monotonic()
     with pytest.raises(RunStalledError) as info:
-        HorovodRunner(np=2, stall_timeout=STALL_S).run(hang_in_a_collective, marker=str(marker), active_s=3 * STALL_S)
-    assert time.monotonic() - started > 3 * STALL_S, "ended while the ranks were still printing"
+        HorovodRunner(np=2, stall_timeout=STALL_S).run(hang_in_a_collective, marker=str(marker), active_s=1.5 * STALL_S)
+    assert time.monotonic() - started > 1.5 * STALL_S, "ended while the ranks were still printing"
     assert not [r for r in caplog.records if r.name == "airflow_provider_hvd.ranks"], "lines were relayed"
     assert STALL_S <= time.time() - float(marker.read_text()) < DETECTED_WITHIN_S
     check_where(info.value)
     log = caplog.text
-    assert "the run stalled: no rank wrote output or reported progress for 4s (stall_timeout); the ranks' Python stacks" in log
+    assert f"the run stalled: no rank wrote output or reported progress for {STALL_S:.0f}s (stall_timeout); the ranks' Python stacks" in log
     assert "--- rank 0 ---" in log and "--- rank 1 ---" in log
 
 
@@ -103,7 +109,8 @@ def report_then_return(seconds: float) -> int:
 
 
 def test_messages_keep_a_run_alive():
-    assert HorovodRunner(np=-2, stall_timeout=2).run(report_then_return, seconds=6) == 7
+    """Each rank logs every 0.5 s for more than twice the timeout (which covers the ranks' start under load)."""
+    assert HorovodRunner(np=-2, stall_timeout=8).run(report_then_return, seconds=20) == 7
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, True, "600", float("nan")])

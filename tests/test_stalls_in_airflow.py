@@ -44,7 +44,7 @@ def test_a_stalled_task_fails_saying_where_its_ranks_were(dags, caplog, capsys):
     assert states(run) == {"train_until_stalled": "failed"}
     task_log = capsys.readouterr().out + caplog.text
     assert "RunStalledError" in task_log, task_log[-5000:]
-    assert "no rank wrote output or reported progress for 5s (stall_timeout=5)" in task_log, task_log[-5000:]
+    assert "no rank wrote output or reported progress for 10s (stall_timeout=10)" in task_log, task_log[-5000:]
     assert "was in wait_for_data (" in task_log and f"{DAG_FILE}, line " in task_log, task_log[-5000:]
     assert "in train_until_stalled" in task_log
 

@@ -17,7 +17,7 @@ from .driver.local_launch import LocalLauncher
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
-from .driver.stalls import check_stall_timeout
+from .driver.stalls import CodeFiles, check_stall_timeout
 from .driver.supervisor import Launcher, Supervisor
 from .shared.payload import WARN_BYTES, dumps_job
 
@@ -131,7 +131,7 @@ class HorovodRunner:
                 )
             supervisor = Supervisor(
                 launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s,
-                stall_timeout=self.stall_timeout,
+                stall_timeout=self.stall_timeout, code_files=CodeFiles(main, args, kwargs),
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             with _rank_logs_visible():

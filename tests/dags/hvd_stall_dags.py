@@ -18,15 +18,12 @@ def wait_for_data() -> None:
 
 with DAG("hvd_execution_timeout", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
 
-    @task.horovod(np=2, execution_timeout=timedelta(seconds=30))
+    @task.horovod(np=2, execution_timeout=timedelta(seconds=45))
     def train_past_the_timeout(pid_dir: str) -> None:
         import os
         from pathlib import Path
 
-        import horovod.torch as hvd
-
-        hvd.init()
-        Path(pid_dir, f"rank-{hvd.rank()}.pid").write_text(str(os.getpid()))
+        Path(pid_dir, f"rank-{os.environ['HOROVOD_RANK']}.pid").write_text(str(os.getpid()))
         wait_for_data()
 
     train_past_the_timeout(pid_dir="{{ params.pid_dir }}")
@@ -34,11 +31,8 @@ with DAG("hvd_execution_timeout", schedule=None, start_date=START, catchup=False
 
 with DAG("hvd_stalled", schedule=None, start_date=START, catchup=False):
 
-    @task.horovod(np=2, stall_timeout=timedelta(seconds=5))
+    @task.horovod(np=2, stall_timeout=timedelta(seconds=10))
     def train_until_stalled() -> None:
-        import horovod.torch as hvd
-
-        hvd.init()
         print("epoch 1 done", flush=True)
         wait_for_data()
 

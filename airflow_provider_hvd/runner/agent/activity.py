@@ -18,8 +18,10 @@ from ..shared.messages import RankState, send
 from ..shared.wire import FrameStream
 
 # horovod/common/stall_inspector.cc: "One or more tensors were submitted to be reduced, ...", "Missing ranks:",
-# then one "<rank>: [<tensor names>]" line per missing rank
-_HOROVOD_STALL = re.compile(r"One or more tensors were submitted to be|^Missing ranks:$|^\d+: \[.*\]$")
+# then a "<rank>: [<tensor names>]" line per missing rank ("<rank>!: ..." once past the shutdown time)
+_HOROVOD_STALL = re.compile(
+    r'One or more tensors were submitted to be|One or more rank \(marked by "!"\)|^Missing ranks:$|^\d+!?: \['
+)
 
 
 def is_stall_warning(piece: str | int) -> bool:

@@ -12,8 +12,10 @@ ends with :class:`~..errors.RunStalledError`, naming each rank and where it was.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -159,36 +161,38 @@ def ask_for_stacks(conns: Sequence[AgentConnection]) -> None:
         conn.dump_stacks()
 
 
-def answers(conns: Sequence[AgentConnection], now: float) -> tuple[StalledRank, ...]:
+def answers(conns: Sequence[AgentConnection], now: float, files: CodeFiles | None) -> tuple[StalledRank, ...]:
     """Each connection's answer so far (a missing one says so)."""
     found = []
     for conn in conns:
         answer = conn.stacks_answer
+        stacks = answer.stacks if answer else None
         found.append(
             StalledRank(
                 conn.rank,  # type: ignore[arg-type]
-                now - conn.last_active,
-                answer.stacks if answer else None,
+                max(0.0, now - conn.last_active),
+                files.restore(stacks) if files and stacks else stacks,
                 answer.no_stacks if answer else f"its agent did not answer within {STACKS_WAIT_S:.0f}s",
             )
         )
     return tuple(found)
 
 
-def collect_stacks(conns: Sequence[AgentConnection]) -> tuple[StalledRank, ...]:
+def collect_stacks(conns: Sequence[AgentConnection], files: CodeFiles | None = None) -> tuple[StalledRank, ...]:
     """Ask every connection's rank for its stacks and wait for the answers (at most :data:`STACKS_WAIT_S`)."""
     asked_at = time.monotonic()
     ask_for_stacks(conns)
     while time.monotonic() - asked_at < STACKS_WAIT_S and not all(conn.stacks_answer or conn.done for conn in conns):
         time.sleep(_POLL_S)
-    return answers(conns, asked_at)
+    return answers(conns, asked_at, files)
 
 
 class StallWatch:
     """The stall clock of one run; :meth:`check` is called from the supervisor's loop."""
 
-    def __init__(self, stall_timeout: float) -> None:
+    def __init__(self, stall_timeout: float, files: CodeFiles | None = None) -> None:
         self.timeout = stall_timeout
+        self._files = files
         self._asked: list[AgentConnection] | None = None
         self._asked_at = 0.0
 
@@ -201,4 +205,66 @@ class StallWatch:
             return None
         if now - self._asked_at < STACKS_WAIT_S and not all(conn.stacks_answer or conn.done for conn in self._asked):
             return None
-        return Stalled(self.timeout, answers(self._asked, self._asked_at))
+        return Stalled(self.timeout, answers(self._asked, self._asked_at, self._files))
+
+
+# the files of code shipped by value (cloudpickle names it "<dynamic-code>")
+
+_DYNAMIC_FRAME = re.compile(r'File "<dynamic-code>", line (\d+) in (\S+)')
+_MAX_CODES = 2000
+
+
+class CodeFiles:
+    """Where the functions shipped by value were written: cloudpickle drops their file names (every frame of
+    them says ``<dynamic-code>``), but keeps their names and line numbers, so the driver can put the names back."""
+
+    def __init__(self, *roots: object) -> None:
+        self._spans: dict[str, list[tuple[int, int, str]]] = {}
+        seen: set[int] = set()
+        todo = list(roots)
+        while todo and len(seen) < _MAX_CODES:
+            obj = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            code = getattr(obj, "__code__", None)
+            if isinstance(obj, types.CodeType):
+                code, obj = obj, None
+            if code is None:
+                if isinstance(obj, (list, tuple)):
+                    todo.extend(obj)
+                elif isinstance(obj, dict):
+                    todo.extend(obj.values())
+                elif isinstance(obj, functools.partial):
+                    todo.extend((obj.func, obj.args, obj.keywords))
+                continue
+            lines = [line for _, _, line in code.co_lines() if line is not None]
+            self._spans.setdefault(code.co_name, []).append(
+                (min(lines, default=code.co_firstlineno), max(lines, default=code.co_firstlineno), code.co_filename)
+            )
+            todo.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+            if obj is not None:
+                names = getattr(obj, "__globals__", {})
+                todo.extend(names[name] for name in code.co_names if callable(names.get(name)))
+                todo.extend(cell.cell_contents for cell in getattr(obj, "__closure__", None) or () if _filled(cell))
+
+    def file_of(self, func: str, line: int) -> str | None:
+        files = {file for first, last, file in self._spans.get(func, ()) if first <= line <= last}
+        return files.pop() if len(files) == 1 else None
+
+    def restore(self, dump: str) -> str:
+        """``dump`` with each ``<dynamic-code>`` frame naming its file, where it is known."""
+
+        def real(match: re.Match[str]) -> str:
+            file = self.file_of(match[2], int(match[1]))
+            return f'File "{file}", line {match[1]} in {match[2]}' if file else match[0]
+
+        return _DYNAMIC_FRAME.sub(real, dump)
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True

@@ -34,7 +34,7 @@ from .outcome import (
     StartTimedOut,
 )
 from .rendezvous import Rendezvous, plan_ranks
-from .stalls import StallWatch, activity_period, collect_stacks, where_ranks_were
+from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, where_ranks_were
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -71,6 +71,7 @@ class Supervisor:
         cancelled: Callable[[], bool],
         start_timeout_s: float,
         stall_timeout: float | None = None,
+        code_files: CodeFiles | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -82,7 +83,8 @@ class Supervisor:
         self._finished: set[int] = set()  # ids of connections that reported or were lost
         self._outcome = RunOutcome(self.size)
         self._rendezvous: Rendezvous | None = None
-        self._stalls = StallWatch(stall_timeout) if stall_timeout else None
+        self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
+        self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
 
     def run(self) -> Any:
         secret = new_secret()
@@ -158,7 +160,7 @@ class Supervisor:
         if not running:
             return
         try:
-            ranks = collect_stacks(running)
+            ranks = collect_stacks(running, self._code_files)
         except Exception:  # noqa: BLE001 - never in the way of ending the run
             log.exception("HorovodRunner: could not collect the ranks' stacks")
             return
