@@ -138,7 +138,8 @@ def kernel_log_about(fd: int, pid: int) -> list[str]:
         text = record.decode("utf-8", "replace").split(";", 1)[-1].split("\n", 1)[0]
         if any(mark in text for mark in marks):
             lines.append(text.strip())
-    return lines[-4:]
+    killed = [line for line in lines if "Killed process" in line]  # the readable one of an OOM kill's lines
+    return (killed or lines)[-3:]
 
 
 class MemoryWatch:
