@@ -20,6 +20,7 @@ _EXPORTS = {
     "LaunchError": "airflow_provider_hvd.runner.errors",
     "RankFailedError": "airflow_provider_hvd.runner.errors",
     "RunCancelledError": "airflow_provider_hvd.runner.errors",
+    "RunStalledError": "airflow_provider_hvd.runner.errors",
     "log_to_driver": "airflow_provider_hvd.runner.rank.control",
     "log_metrics": "airflow_provider_hvd.runner.rank.progress",
     "report_checkpoint": "airflow_provider_hvd.runner.rank.progress",
@@ -29,13 +30,34 @@ _EXPORTS = {
     "horovod_task": "airflow_provider_hvd.decorators.horovod",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = [
+    "HorovodRunner",
+    "HorovodRunnerError",
+    "LaunchError",
+    "RankFailedError",
+    "RunCancelledError",
+    "RunStalledError",
+    "log_to_driver",
+    "log_metrics",
+    "report_checkpoint",
+    "last_checkpoint",
+    "HorovodHook",
+    "HorovodRunnerOperator",
+    "horovod_task",
+]
+assert set(__all__) == set(_EXPORTS)
 
 if TYPE_CHECKING:
     from airflow_provider_hvd.decorators.horovod import horovod_task
     from airflow_provider_hvd.hooks.horovod import HorovodHook
     from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
-    from airflow_provider_hvd.runner.errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+    from airflow_provider_hvd.runner.errors import (
+        HorovodRunnerError,
+        LaunchError,
+        RankFailedError,
+        RunCancelledError,
+        RunStalledError,
+    )
     from airflow_provider_hvd.runner.rank.control import log_to_driver
     from airflow_provider_hvd.runner.rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from airflow_provider_hvd.runner.runner import HorovodRunner

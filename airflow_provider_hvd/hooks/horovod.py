@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -196,18 +197,19 @@ class HorovodHook(BaseHook):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         resume_from: dict[str, Any] | str | None = None,
         progress_sink: ProgressSink | None = None,
+        stall_timeout: float | timedelta | None = None,
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
-        slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from`` and
-        ``progress_sink`` are :class:`HorovodRunner`'s; the runner stays at :attr:`runner` afterwards
-        (its ``metrics`` and ``checkpoint``).
+        slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from``,
+        ``progress_sink`` and ``stall_timeout`` are :class:`HorovodRunner`'s; the runner stays at
+        :attr:`runner` afterwards (its ``metrics`` and ``checkpoint``).
         """
         self._runner = HorovodRunner(
             np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout,
-            resume_from=resume_from, progress_sink=progress_sink,
+            resume_from=resume_from, progress_sink=progress_sink, stall_timeout=stall_timeout,
         )
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
@@ -11,6 +12,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
+from airflow_provider_hvd.runner.driver.stalls import check_stall_timeout
 from airflow_provider_hvd.runner.errors import RunCancelledError
 from airflow_provider_hvd.runner.runner import check_verbosity
 
@@ -47,6 +49,10 @@ class HorovodRunnerOperator(BaseOperator):
     :param spark_conf: Spark settings on top of the connection's (templated).
     :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
         before failing; a job that can never fit the cluster fails at once.
+    :param stall_timeout: seconds or a timedelta (default None: off). When no rank has written output or reported
+        progress for that long, the task log gets every rank's Python stacks, the ranks are ended and the task
+        fails with :class:`RunStalledError` saying where each rank was. Airflow's ``execution_timeout`` and
+        marking the task failed also log where the ranks were before ending them.
 
     Progress goes to the task state store while the job runs (Airflow 3.3+): rank 0's ``log_metrics``
     history under ``hvd_metrics``, the last ``report_checkpoint`` under ``hvd_checkpoint``. On a retry,
@@ -69,6 +75,7 @@ class HorovodRunnerOperator(BaseOperator):
         conn_id: str = HorovodHook.default_conn_name,
         spark_conf: dict[str, Any] | None = None,
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        stall_timeout: float | timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -76,6 +83,7 @@ class HorovodRunnerOperator(BaseOperator):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
         check_verbosity(driver_log_verbosity)  # at parse time, not when the task runs
         self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
         self.python_callable = python_callable
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
@@ -115,7 +123,7 @@ class HorovodRunnerOperator(BaseOperator):
         try:
             value = self._hook.run(
                 self.python_callable, self.op_args, kwargs, np=np, driver_log_verbosity=self.driver_log_verbosity,
-                slot_wait_timeout=self.slot_wait_timeout,
+                slot_wait_timeout=self.slot_wait_timeout, stall_timeout=self.stall_timeout,
                 resume_from=progress.last_checkpoint() if progress else None, progress_sink=progress,
             )
         finally:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError, RunStalledError
 
 if TYPE_CHECKING:
     from .rank.control import log_to_driver
@@ -47,6 +47,7 @@ __all__ = [
     "RunCancelledError",
     "last_checkpoint",
     "log_metrics",
+    "RunStalledError",
     "log_to_driver",
     "report_checkpoint",
 ]

@@ -39,3 +39,17 @@ class RankFailedError(HorovodRunnerError):
         self.remote_traceback = remote_traceback
         self.output_tail = output_tail
         self.other_failures = other_failures
+
+
+class RunStalledError(HorovodRunnerError):
+    """No rank wrote output or reported progress for ``stall_timeout`` seconds; every rank was ended.
+
+    ``ranks`` are the ranks that were running, ``stacks`` each one's Python stacks (every thread, as
+    faulthandler wrote them, or why there are none); the message says where each one was.
+    """
+
+    def __init__(self, message: str, *, stall_timeout: float, ranks: list[int], stacks: dict[int, str]) -> None:
+        super().__init__(message)
+        self.stall_timeout = stall_timeout
+        self.ranks = ranks
+        self.stacks = stacks

@@ -101,7 +101,8 @@ def die_with_parent(parent_pid: int, sig: int) -> None:
 def _exit_as(status: int) -> None:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # killed by a signal: die of the same one
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to reset: OSError)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         code = 128 - code
     os._exit(code)

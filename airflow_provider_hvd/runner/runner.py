@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .driver.channel import rank_log
@@ -19,8 +20,9 @@ from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, res
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
-from .shared.liveness import liveness_settings, warn_if_gloo_first
+from .driver.stalls import CodeFiles, check_stall_timeout
 from .errors import LaunchError
+from .shared.liveness import liveness_settings, warn_if_gloo_first
 from .shared.payload import WARN_BYTES, dumps_job
 
 if TYPE_CHECKING:
@@ -105,6 +107,9 @@ class HorovodRunner:
     ``log_metrics`` reports, ``{"loss": [(step, value), ...]}`` (at most 1,000 points per metric, evenly
     thinned), and :attr:`checkpoint` the last ``report_checkpoint``: ``{"path", **info, "rank",
     "reported_at", "try_number"}``, or None.
+    :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
+        (``log_to_driver``, metrics) for that long, the ranks' Python stacks are collected, every rank is ended
+        and ``run`` raises :class:`RunStalledError` saying where each one was. ``None`` (default): off.
     """
 
     start_timeout_s: float = 120.0
@@ -128,6 +133,7 @@ class HorovodRunner:
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         resume_from: dict[str, Any] | str | None = None,
         progress_sink: ProgressSink | None = None,
+        stall_timeout: float | timedelta | None = None,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
@@ -135,6 +141,7 @@ class HorovodRunner:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
         check_verbosity(driver_log_verbosity)
         self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self.resume_from = resume_value(resume_from)
@@ -180,6 +187,7 @@ class HorovodRunner:
             supervisor = _supervisor_class()(
                 launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s, progress,
                 liveness,
+                stall_timeout=self.stall_timeout, code_files=CodeFiles(main, args, kwargs),
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             if self.resume_from is not None:

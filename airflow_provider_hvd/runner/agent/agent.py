@@ -32,21 +32,28 @@ from ..shared.messages import (
     AgentFailed,
     Done,
     DriverMessage,
+    DumpStacks,
     Hello,
     RankCheckpoint,
     RankError,
     RankMetrics,
+    RankReady,
+    RankState,
     RemoteError,
     Result,
     Start,
     receive,
     send,
 )
+from ..rank.stacks import STACKS_FILE_ENV
 from ..shared.rank_tag import tagged
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
+from .activity import ActivityReporter, is_stall_warning
+from .kill_evidence import MemoryWatch
 from .liveness import DriverWatch
 from .rank_env import rank_environment
 from .relay import Outbox, OutputSplitter, Piece
+from .stacks import StackFile
 
 TAIL_LINES = 50
 CONNECT_TIMEOUT_S = 30.0
@@ -68,6 +75,7 @@ class AgentArgs:
     echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
     keep_omp_threads: bool = False  # OMP_NUM_THREADS was set explicitly for the ranks (see rank_env)
     liveness: Liveness = Liveness()  # heartbeats with the driver (the run's settings, from the driver)
+    activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
 
 
 class _RankProcess:
@@ -86,10 +94,13 @@ class _RankProcess:
         self._messages: dict[int, str] = {}
         self._messages_cond = threading.Condition()
         self._stop_reading = threading.Event()
+        self.last_active = time.monotonic()  # the rank's last output or control message (.activity)
+        self.stacks = StackFile(rank)
+        self._control_open = True
         token = secrets.token_hex(16)
         self._splitter = OutputSplitter(message_marker(token))
         ctl_read, ctl_write = os.pipe()
-        env = {**env, CONTROL_FD_ENV: str(ctl_write), LOG_TOKEN_ENV: token}
+        env = {**env, CONTROL_FD_ENV: str(ctl_write), LOG_TOKEN_ENV: token, STACKS_FILE_ENV: self.stacks.path}
         out_read, out_write = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -121,6 +132,8 @@ class _RankProcess:
             sys.stderr.write(tagged(self.rank, text) + "\n")
 
     def _take(self, piece: Piece) -> None:
+        if not is_stall_warning(piece):
+            self.last_active = time.monotonic()
         if isinstance(piece, int):  # a log_to_driver message: relayed whatever the verbosity
             with self._messages_cond:
                 self._messages_cond.wait_for(lambda: piece in self._messages, timeout=_MESSAGE_WAIT_S)
@@ -154,8 +167,12 @@ class _RankProcess:
         try:
             while True:
                 message = receive(control)
+                self.last_active = time.monotonic()
                 if isinstance(message, (RankMetrics, RankCheckpoint)):  # progress: relayed as it comes
                     self._outbox.send_now(message.relayed())
+                    continue
+                if isinstance(message, RankReady):
+                    self.stacks.ready(message)
                     continue
                 if isinstance(message, DriverMessage):
                     with self._messages_cond:
@@ -171,7 +188,12 @@ class _RankProcess:
             self.ended_at = time.time()  # the failure's time at its source, for one that died without an exception
             return
         finally:
+            self._control_open = False
             self.reported.set()  # the rank is gone, whether it reported or not
+
+    def dump_stacks(self) -> RankState:
+        """The rank's Python stacks, for the driver (.stacks)."""
+        return self.stacks.dump(lambda: self._control_open and self.proc.poll() is None)
 
     def terminate(self, reason: str) -> None:
         """End the rank and everything it started (the reaper does: SIGTERM, then SIGKILL after a grace)."""
@@ -196,12 +218,16 @@ class _RankProcess:
         self._output_reader.join(_OUTPUT_DRAIN_S)
         self._stop_reading.set()  # a process that escaped the reaper holds the output open: stop reading
         self._output_reader.join()
+        self.stacks.remove()
         return code
 
 
 def _watch_driver(watch: DriverWatch, rank_process: _RankProcess) -> None:
     try:
         message = watch.receive()
+        while isinstance(message, DumpStacks):  # the run stalled, or the driver was interrupted
+            watch.send(rank_process.dump_stacks())
+            message = watch.receive()
         reason = message.reason if isinstance(message, Abort) else f"unexpected {type(message).__name__}"
     except (ConnectionClosed, OSError):
         reason = watch.silent_reason or "lost the connection to the driver"
@@ -218,11 +244,21 @@ def _run_rank(
 ) -> threading.Thread:
     env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
     outbox = Outbox(stream)
+    memory = MemoryWatch()  # before the rank starts: an OOM kill while it runs shows as a difference
     rank_process = _RankProcess(start.rank, env, read_job(), args, outbox)  # the job is not kept once written
     watcher = threading.Thread(target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True)
     watcher.start()
+    activity = (
+        ActivityReporter(stream, args.activity_every_s, lambda: rank_process.last_active)
+        if args.activity_every_s else None
+    )
     exit_code = rank_process.wait()
+    if activity is not None:
+        activity.stop()
     outbox.close()
+    killed = exit_code < 0 and rank_process.terminated_by is None  # a signal the driver did not ask for
+    kill_evidence = memory.evidence(exit_code, rank_process.stacks.pid) if killed else None
+    memory.close()
     if rank_process.result is not None and start.rank == 0:
         send(stream, Result(rank_process.result))
     send(
@@ -235,6 +271,7 @@ def _run_rank(
             tail=list(rank_process.tail),
             dropped=outbox.total_dropped,
             ended_at=rank_process.ended_at,
+            kill_evidence=kill_evidence,
         ),
     )
     return watcher

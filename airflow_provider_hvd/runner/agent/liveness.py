@@ -41,6 +41,9 @@ class DriverWatch:
             if not isinstance(message, DriverAlive):
                 return message
 
+    def send(self, message: Message) -> None:
+        send(self._stream, message)
+
     def _beat(self) -> None:
         while not self._stop.wait(self._liveness.interval_s):
             try:

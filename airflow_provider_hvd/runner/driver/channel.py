@@ -36,10 +36,12 @@ from ..shared.messages import (
     Checkpoint,
     Done,
     DriverAlive,
+    DumpStacks,
     Hello,
     LogBatch,
     Message,
     Metrics,
+    RankState,
     Result,
     Start,
     decode,
@@ -76,6 +78,8 @@ class AgentConnection:
         self.result: bytes | None = None
         self.done: Done | None = None
         self.lines_dropped = 0
+        self.last_active = time.monotonic()  # the stall clock (stalls.py): its last message, or its rank's start
+        self.stacks_answer: RankState | None = None  # the answer to the last DumpStacks
         self.handshake: DriverHandshake | None = handshake  # None once the agent has proven the secret
         self.handshake_deadline = time.monotonic() + wire.HANDSHAKE_TIMEOUT_S
         self._answer = bytearray()
@@ -106,7 +110,16 @@ class AgentConnection:
 
     def start(self, start: Start) -> None:
         self.rank = start.rank
+        self.last_active = time.monotonic()
         self._send(start)
+
+    def dump_stacks(self) -> None:
+        """Ask the agent for its rank's Python stacks; the answer lands in :attr:`stacks_answer`."""
+        self.stacks_answer = None
+        try:
+            self._send(DumpStacks())
+        except OSError:
+            pass  # gone: no answer comes
 
     def abort(self, reason: str) -> None:
         try:
@@ -357,6 +370,12 @@ class DriverChannel:
 
     def _on_message(self, conn: AgentConnection, message: Message) -> bool:
         """Take one message; True when it is the agent's last."""
+        if isinstance(message, RankState):  # its rank is active (the stall clock, stalls.py), or its stacks
+            if message.answers:
+                conn.stacks_answer = message
+            else:
+                conn.last_active = time.monotonic()
+            return False
         if isinstance(message, AgentAlive):
             pass  # (its bytes were counted as a sign of life when they were read)
         elif isinstance(message, LogBatch):

@@ -16,9 +16,11 @@ import enum
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..shared.messages import Done, RemoteError
 from .consequences import is_consequence
+from .stalls import Stalled
 
 # How long the driver waits, after the first failure, for the reports racing it before naming the cause.
 # The failing rank's own report comes within milliseconds of its peers' shutdown errors (they follow it),
@@ -49,6 +51,7 @@ class RankFailed:
     where: str
     done: Done
     received_at: float | None = None  # when the driver got it (time.time()); its source time is in ``done``
+    kill_evidence: dict[str, Any] | None = None  # killed by a signal the driver did not send: what was seen (.kills)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,9 @@ class HostLost:
         return f"{self.hostname} ({self.address})" if self.hostname and self.hostname != self.address else self.address
 
 
-Event = RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | HostLost
+Event = (
+    RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | HostLost | Stalled
+)
 
 
 Failure = RankFailed | AgentLost | AgentFailed | HostLost

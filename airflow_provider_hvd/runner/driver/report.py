@@ -11,6 +11,7 @@ from collections.abc import Callable
 from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
 from ..shared.messages import Done, RemoteError
 from .consequences import is_consequence_error
+from .kills import describe_kill
 from .outcome import (
     FAILURES,
     AgentFailed,
@@ -24,6 +25,7 @@ from .outcome import (
     StartTimedOut,
     is_consequence_event,
 )
+from .stalls import Stalled, stall_error
 
 OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
 
@@ -65,6 +67,8 @@ def abort_reason(cause: Event) -> str:
         return f"{cause.what} failed"
     if isinstance(cause, StartTimedOut):
         return "the ranks did not all start in time"
+    if isinstance(cause, Stalled):
+        return cause.reason()
     if isinstance(cause, HostLost):
         return f"the host {cause.host()} of {ranks_text(cause.ranks)} was lost"
     assert isinstance(cause, FAILURES)
@@ -113,6 +117,8 @@ def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None
         return None
     if isinstance(cause, Cancelled):
         return RunCancelledError("HorovodRunner: the run was cancelled; every rank was ended")
+    if isinstance(cause, Stalled):
+        return stall_error(cause)
     if isinstance(cause, StartTimedOut):
         return LaunchError(
             f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
@@ -148,6 +154,8 @@ def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None
     assert isinstance(cause, RankFailed)
     done = cause.done
     parts = [f"Horovod rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]
+    if cause.kill_evidence:
+        parts.append(describe_kill(cause.kill_evidence))
     if is_consequence_event(cause):
         parts.append(
             "(Horovod was shut down under this rank, and no rank reported a failure of its own: a rank's process "

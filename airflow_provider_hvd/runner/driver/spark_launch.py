@@ -80,6 +80,20 @@ class SparkLauncher:
     def describe(self) -> str:
         return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
 
+    def memory_settings(self) -> dict[str, str]:
+        """The application's memory settings that bound a rank's memory, for a killed rank's evidence (.kills)."""
+        conf = self.sc.getConf()
+        if self.local:  # the executors are threads of the driver's JVM; the ranks run beside it
+            return {"spark.driver.memory": conf.get("spark.driver.memory", "1g (default)")}
+        factor = conf.get("spark.executor.memoryOverheadFactor", "0.10")
+        return {
+            "spark.executor.memory": conf.get("spark.executor.memory", "1g (default)"),
+            "spark.executor.memoryOverhead": conf.get(
+                "spark.executor.memoryOverhead", f"not set (max(384m, {factor} x spark.executor.memory))"
+            ),
+            "spark.executor.pyspark.memory": conf.get("spark.executor.pyspark.memory", "not set"),
+        }
+
     def check_slots(self) -> None:
         """Wait (bounded) until the application has ``size`` task slots; refuse a job that can never fit."""
         wait_for_slots(self.sc, self.size, self.slot_wait_timeout, self.cancelled)

@@ -40,6 +40,7 @@ from .outcome import (
 from .progress import RunProgress
 from .rendezvous import Rendezvous, plan_ranks
 from .report import abort_reason, run_error
+from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, where_ranks_were
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -77,6 +78,8 @@ class Supervisor:
         start_timeout_s: float,
         progress: RunProgress | None = None,
         liveness: Liveness | None = None,
+        stall_timeout: float | None = None,
+        code_files: CodeFiles | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -90,6 +93,8 @@ class Supervisor:
         self._rendezvous: Rendezvous | None = None
         self._progress = progress or RunProgress()
         self._liveness = liveness or Liveness()
+        self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
+        self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
 
     def run(self) -> Any:
         secret = new_secret()
@@ -105,9 +110,16 @@ class Supervisor:
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
             args = dataclasses.replace(args, liveness=self._liveness)
+            if self._stalls is not None:
+                args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
             self.launcher.start(args, payload)
             del payload
-            self._watch(channel)
+            try:
+                self._watch(channel)
+            except BaseException as exc:  # e.g. Airflow's execution_timeout (AirflowTaskTimeout), or Ctrl-C
+                said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self._say_where_ranks_are(f"the driver was interrupted ({said})")
+                raise
         finally:
             channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
             self.launcher.stop(cancel=self._outcome.cause is not None or len(self._outcome.succeeded) < self.size)
@@ -129,6 +141,8 @@ class Supervisor:
         launch_failed_at: float | None = None
         while True:
             if self._cancelled():
+                if not self._outcome.ending:
+                    self._say_where_ranks_are("the run was cancelled")
                 self._record(Cancelled())
             self._progress.tick()
             try:
@@ -144,10 +158,29 @@ class Supervisor:
                     self._record(failure)
             if self._outcome.phase is Phase.STARTING and now > start_deadline:
                 self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+            if self._stalls is not None and self._outcome.phase is Phase.RUNNING:
+                stalled = self._stalls.check(self._running(), now)
+                if stalled is not None:
+                    log.warning("HorovodRunner: %s; the ranks' Python stacks:\n%s", stalled.reason(), stalled.dumps())
+                    self._record(stalled)
             if self._outcome.ending:
                 abort_deadline = abort_deadline or now + ABORT_WAIT_S
                 if not self._running() or now > abort_deadline:
                     return
+
+    def _say_where_ranks_are(self, why: str) -> None:
+        """Log where the running ranks are (their Python stacks), before they are ended."""
+        running = self._running()
+        if not running:
+            return
+        try:
+            ranks = collect_stacks(running, self._code_files)
+        except Exception:  # noqa: BLE001 - never in the way of ending the run
+            log.exception("HorovodRunner: could not collect the ranks' stacks")
+            return
+        log.warning(
+            "HorovodRunner: %s; where the ranks were (innermost frames first):\n%s", why, where_ranks_were(ranks)
+        )
 
     def _agents_started(self) -> int:
         return sum(conn.rank is not None for conn in self._agents)
@@ -186,7 +219,10 @@ class Supervisor:
             if message.ok:
                 self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
             else:
-                self._record(RankFailed(conn.rank, where, message, received_at=received_at))  # type: ignore[arg-type]
+                evidence = message.kill_evidence and {
+                    **message.kill_evidence, "memory_settings": self._memory_settings()
+                }
+                self._record(RankFailed(conn.rank, where, message, received_at=received_at, kill_evidence=evidence))  # type: ignore[arg-type]
         elif isinstance(message, AgentFailedMessage):
             self._record(AgentFailed(conn.rank, where, message.error, received_at=received_at))
         elif event.silent_for is not None and self._host_lost(conn, event.silent_for, received_at):
@@ -217,6 +253,14 @@ class Supervisor:
         )
         self._record(HostLost(ranks, host, conn.hello.hostname, detail, received_at))
         return True
+
+    def _memory_settings(self) -> dict[str, str]:
+        """The launcher's memory settings (Spark's), for a killed rank's evidence (.kills)."""
+        settings = getattr(self.launcher, "memory_settings", None)
+        try:
+            return settings() if settings else {}
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone: the settings are a nicety
+            return {}
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .wire import FrameStream, Kind, frame_header
 
@@ -108,6 +108,7 @@ class Done(Message):
     tail: list[str] = field(default_factory=list)
     dropped: int = 0
     ended_at: float | None = None  # when the agent saw the rank process end (time.time() on the rank's host)
+    kill_evidence: dict[str, Any] | None = None  # a rank killed by a signal: what its host said (agent/kill_evidence)
 
     @classmethod
     def decode(cls, data: bytes) -> Message:
@@ -223,12 +224,46 @@ class DriverAlive(Message):
     KIND: ClassVar[Kind] = Kind.DRIVER_ALIVE
 
 
+# stalls and killed ranks (agent/stacks.py, driver/stalls.py)
+
+
+@dataclass(frozen=True)
+class RankState(Message):
+    """Agent -> driver. Without an answer: its rank wrote output or sent a message since the last one (the
+    driver's stall clock). With ``stacks`` or ``no_stacks``: the answer to :class:`DumpStacks`."""
+
+    KIND: ClassVar[Kind] = Kind.RANK_STATE
+    stacks: str | None = None  # the rank's Python stacks, as faulthandler wrote them
+    no_stacks: str | None = None  # why there are none
+
+    @property
+    def answers(self) -> bool:
+        return self.stacks is not None or self.no_stacks is not None
+
+
+@dataclass(frozen=True)
+class DumpStacks(Message):
+    """Driver -> agent: answer with the rank's Python stacks (the run stalled, or the driver was interrupted)."""
+
+    KIND: ClassVar[Kind] = Kind.DUMP_STACKS
+
+
+@dataclass(frozen=True)
+class RankReady(Message):
+    """Rank process -> agent (control pipe), first thing: its pid, and the signal that makes it write its stacks."""
+
+    KIND: ClassVar[Kind] = Kind.RANK_READY
+    pid: int
+    stacks_signal: int
+
+
 _BY_KIND: dict[Kind, type[Message]] = {
     cls.KIND: cls
     for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Abort, RankError, DriverMessage)
 }
 _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
 _BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})
+_BY_KIND.update({cls.KIND: cls for cls in (RankState, DumpStacks, RankReady)})
 
 
 def send(stream: FrameStream, message: Message) -> None:

@@ -47,6 +47,10 @@ class Kind(enum.IntEnum):
     MESSAGE = 21
     RANK_METRICS = 22  # log_metrics()
     RANK_CHECKPOINT = 23  # report_checkpoint()
+    # stalls and killed ranks: agent -> driver, driver -> agent, rank process -> agent (control pipe)
+    RANK_STATE = 9
+    DUMP_STACKS = 14
+    RANK_READY = 24
 
 
 class ConnectionClosed(EOFError):
