@@ -45,7 +45,6 @@ __all__ = [
     "HorovodRunnerOperator",
     "horovod_task",
 ]
-assert set(__all__) == set(_EXPORTS)
 
 if TYPE_CHECKING:
     from airflow_provider_hvd.decorators.horovod import horovod_task
