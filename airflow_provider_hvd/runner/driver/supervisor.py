@@ -96,16 +96,30 @@ class Supervisor:
             del payload
             self._watch(channel)
         finally:
-            channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
-            self.launcher.stop(cancel=self._outcome.cause is not None or len(self._outcome.succeeded) < self.size)
-            if self._rendezvous is not None:
-                self._rendezvous.stop()
+            self._clean_up(channel)
         error = self._outcome.error(self.launcher.task_failure)
         if error is not None:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
         assert rank0.result is not None
         return cloudpickle.loads(rank0.result)
+
+    def _clean_up(self, channel: DriverChannel) -> None:
+        """Close the channel, end the launch, stop the rendezvous: each whatever the others did, and none of
+        their errors replaces the run's own (they are logged)."""
+        cancel = self._outcome.cause is not None or len(self._outcome.succeeded) < self.size
+        rendezvous = self._rendezvous
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("close the driver channel", channel.close),  # agents still connected end their ranks at once
+            (f"end {self.launcher.describe()}", lambda: self.launcher.stop(cancel=cancel)),
+        ]
+        if rendezvous is not None:
+            steps.append(("stop the Gloo rendezvous", rendezvous.stop))
+        for what, step in steps:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - the run's outcome stands; the clean-up's error is logged
+                log.exception("HorovodRunner: could not %s", what)
 
     def _running(self) -> list[AgentConnection]:
         return [conn for conn in self._agents if conn.rank is not None and id(conn) not in self._finished]

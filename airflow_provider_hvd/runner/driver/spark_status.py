@@ -1,0 +1,95 @@
+"""What Spark's status store says of a run's barrier job (runs in the driver, for :mod:`.spark_launch`).
+
+A poll reads the job's failed and killed task counters: the same few py4j calls whatever the number of ranks.
+Only when a counter moved are the tasks listed, and then only those FAILED (filtered in the JVM), and those
+KILLED when none failed (all of them then: a run whose job was killed from outside is ending). A KILLED task is one that something other than its rank ended: the run's own
+cancellation, Spark after another task of the barrier stage failed, or someone outside (the Spark UI's kill
+link, another thread of the application): those seen before the run cancels its job are the run's cause.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .spark_cluster import summary
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+Task = tuple[int, int]  # (partition, attempt)
+_MAX_TASKS = 1 << 20
+
+
+class BarrierJobStatus:
+    """The failed and killed tasks of the Spark job of ``group`` (one job: the run's barrier job)."""
+
+    def __init__(self, sc: SparkContext, group: str) -> None:
+        self._sc = sc
+        self._group = group
+        self._job_id: int | None = None
+        self._jvm_objects: tuple[Any, Any] | None = None  # the JVM's status tracker and store, asked for once
+        self._counted = 0  # failed + killed tasks when they were last listed
+        self.failed: dict[Task, str] = {}
+        self.killed: dict[Task, str] = {}
+        self.run_cancelled = False  # set before the run cancels its own job: kills after it are its doing
+
+    def _jvm_status(self) -> tuple[Any, Any]:
+        jsc = self._sc._jsc  # type: ignore[attr-defined]
+        if jsc is None:
+            raise RuntimeError("the SparkContext has stopped")
+        if self._jvm_objects is None:
+            self._jvm_objects = jsc.statusTracker(), jsc.sc().statusStore()
+        return self._jvm_objects
+
+    def poll(self) -> None:
+        """Read the job's counters; list its failed (and killed) tasks when they moved. Raises what py4j raises."""
+        tracker, store = self._jvm_status()
+        if self._job_id is None:
+            ids = list(tracker.getJobIdsForGroup(self._group))
+            if not ids:
+                return  # not submitted yet
+            self._job_id = int(ids[0])
+        try:
+            job = store.job(self._job_id)
+        except Exception:  # noqa: BLE001 - submitted, not in the status store yet (its listener runs behind)
+            return
+        counted = int(job.numFailedTasks()) + int(job.numKilledTasks())
+        if counted > self._counted:
+            self._list(tracker, store)
+            self._counted = counted
+
+    def _list(self, tracker: Any, store: Any) -> None:
+        jvm = self._sc._jvm  # type: ignore[attr-defined]
+        v1 = jvm.org.apache.spark.status.api.v1
+        info = tracker.getJobInfo(self._job_id)
+        for stage_id in list(info.stageIds()) if info is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            for attempt in range(stage.currentAttemptId() + 1 if stage is not None else 0):
+                for status, found in ((v1.TaskStatus.FAILED, self.failed), (v1.TaskStatus.KILLED, self.killed)):
+                    if found is self.killed and (self.failed or self.run_cancelled):
+                        continue  # a failure explains the kills; after the run's own cancellation they are its
+                    tasks = store.taskList(stage_id, attempt, 0, _MAX_TASKS, v1.TaskSorting.ID,
+                                           jvm.java.util.Collections.singletonList(status))
+                    iterator = tasks.iterator()
+                    while iterator.hasNext():
+                        task = iterator.next()
+                        key = (int(task.index()), int(task.attempt()))
+                        if key not in found:
+                            found[key] = self._describe(task, found is self.killed)
+
+    @staticmethod
+    def _describe(task: Any, killed: bool) -> str:
+        message = task.errorMessage()
+        reason = summary(message.get()) if message.isDefined() else "no reason given"
+        verb = "was killed" if killed else "failed"
+        return f"Spark task {task.index()} (attempt {task.attempt()}) {verb} on executor {task.executorId()} ({task.host()}): {reason}"
+
+    def first_failure(self) -> str | None:
+        """Spark's reason for the first failed task, else for a task killed from outside the run; None if none."""
+        for found in (self.failed, self.killed):
+            if found:
+                return found[min(found)]
+        return None
+
+    def reason(self, task: Task) -> str | None:
+        return self.failed.get(task) or self.killed.get(task)
