@@ -45,9 +45,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from peaks import Peaks  # noqa: E402
-from simulated_agents import Run, Scenario, drive  # noqa: E402
-from standin_status import StandInJob, standin_launcher  # noqa: E402
+from peaks import Peaks
+from simulated_agents import Run, Scenario, drive
+from standin_status import StandInJob, standin_launcher
 
 LINES = 20
 GOALS = {"started_s": 5.0, "abort_s": 2.0, "rss_mb": 300.0}

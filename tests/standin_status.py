@@ -75,6 +75,7 @@ class StandInJob:
     tasks: int
     failed: set[int] = field(default_factory=set)
     killed: set[int] = field(default_factory=set)
+    kill_reason: str = "killed via the Web UI"
     job_id: int = 0
     stage_id: int = 0
 
@@ -92,7 +93,7 @@ class StandInSparkContext:
             return "FAILED" if index in job.failed else "KILLED" if index in job.killed else "RUNNING"
 
         def task(index: int) -> _Java:
-            reason = "boom" if index in job.failed else "killed via the Web UI"
+            reason = "boom" if index in job.failed else job.kill_reason
             return _Java(calls, index=index, attempt=0, status=status(index), executorId=str(index % 250),
                          host=f"10.0.{index // 250}.1",
                          errorMessage=SimpleNamespace(isDefined=lambda: True, get=lambda: reason))
@@ -119,7 +120,8 @@ class StandInSparkContext:
         store = _Java(
             calls,
             taskList=task_list,
-            job=lambda job_id: _Java(calls, numFailedTasks=len(job.failed), numKilledTasks=len(job.killed)),
+            job=lambda job_id: _Java(calls, numFailedTasks=len(job.failed), numKilledTasks=len(job.killed),
+                                     numActiveTasks=job.tasks - len(job.failed | job.killed)),
         )
         self._jsc = _Java(calls, statusTracker=jtracker, sc=_Java(calls, statusStore=store))
         v1 = SimpleNamespace(TaskStatus=SimpleNamespace(FAILED="FAILED", KILLED="KILLED"),
@@ -130,10 +132,10 @@ class StandInSparkContext:
             java=SimpleNamespace(util=SimpleNamespace(Collections=collections)))
         self._jtracker = jtracker
 
-    def getConf(self) -> Any:  # noqa: N802 - pyspark's name
+    def getConf(self) -> Any:
         return SimpleNamespace(get=lambda key, default=None: default)
 
-    def statusTracker(self) -> Any:  # noqa: N802 - pyspark's name
+    def statusTracker(self) -> Any:
         from pyspark.status import StatusTracker
 
         return StatusTracker(self._jtracker)

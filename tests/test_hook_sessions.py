@@ -13,7 +13,6 @@ from conftest import make_session
 from airflow_provider_hvd import LaunchError
 from airflow_provider_hvd.hooks import horovod as hook_module
 from airflow_provider_hvd.hooks.horovod import HorovodHook
-from airflow_provider_hvd.hooks.shared_session import shared_session
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +51,8 @@ def test_a_failure_right_after_joining_the_session_releases_it(monkeypatch, no_s
         HorovodHook("spark_local2").run(ranks, np=1)
     assert SparkContext._active_spark_context is None
     assert SparkContext._gateway is None  # the JVM the hook started is gone too
+    from airflow_provider_hvd.hooks.shared_session import shared_session
+
     assert shared_session.users == 0
 
 

@@ -65,7 +65,5 @@ def test_tasks_killed_by_the_runs_own_cancellation_are_not_its_cause():
     job = StandInJob(group="", tasks=4)
     launcher, _ = standin_launcher(job)
     launcher.failure()
-    launcher._status.run_cancelled = True  # as stop(cancel=True) sets it before cancelling the job group
-    job.killed = {0, 1, 2, 3}
+    job.killed, job.kill_reason = {0, 1, 2, 3}, f"Job 0 cancelled part of cancelled job group {launcher.group}"
     assert launcher.task_failure((1, 0)) is None
-

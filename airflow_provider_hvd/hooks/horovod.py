@@ -274,7 +274,7 @@ class HorovodHook(BaseHook):
             for key, value in conf.items():
                 builder = builder.config(key, value)
             return builder.getOrCreate(), True
-        except Exception as exc:  # noqa: BLE001 - one sentence instead of py4j's JVM stack trace
+        except Exception as exc:
             reason = summary(exc, first_line=True)
             self.stop()
             error = LaunchError(f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {reason}")

@@ -150,15 +150,16 @@ def limits_note(state: dict[str, Any] | None, conf: dict[str, str], size: int) -
 
 def total_unknown_note(sc: SparkContext) -> str:
     """Why the most slots the cluster could give is not known, and the setting that would tell it; "" if known."""
-    if is_local(sc.master):
+    master = sc.master or ""
+    if is_local(master):
         return ""
     state, why = master_state_or_why(sc)
     if state is not None:
         return ""
-    if sc.master.startswith("spark://"):
+    if master.startswith("spark://"):
         return (f"the cluster's total is unknown ({why}): set {MASTER_WEB_UI_CONF} to the standalone master's web UI "
                 "(e.g. http://spark-master:8080) so that a job that can never fit is refused at once")
-    return f"the cluster's total is unknown on {sc.master.split(':')[0]}: executors come as the cluster manager grants them"
+    return f"the cluster's total is unknown on {master.split(':')[0]}: executors come as the cluster manager grants them"
 
 
 def never_fits_error(master: str, size: int, total: int, conf: dict[str, str], state: dict[str, Any] | None) -> LaunchError:
@@ -174,7 +175,7 @@ def never_fits_error(master: str, size: int, total: int, conf: dict[str, str], s
 
 
 def _never_fits(sc: SparkContext, size: int, total: int) -> LaunchError:
-    return never_fits_error(sc.master, size, total, dict(sc.getConf().getAll()), master_state(sc))
+    return never_fits_error(sc.master or "", size, total, dict(sc.getConf().getAll()), master_state(sc))
 
 
 def wait_for_slots(

@@ -138,11 +138,11 @@ def master_state_or_why(sc: SparkContext, timeout: float = 5.0) -> tuple[dict[st
     ui = master_web_ui(sc)
     if ui is None:
         return None, ""
-    key = (sc.master, ui)
+    key = (sc.master or "", ui)
     with _fetched_lock:
         at, state, why = _fetched.get(key, (-math.inf, None, ""))
         if time.monotonic() - at >= MASTER_STATE_REUSE_S:
-            state, why = _fetch_master_state(sc.master, ui, timeout)
+            state, why = _fetch_master_state(key[0], ui, timeout)
             _fetched[key] = (time.monotonic(), state, why)
     return state, why
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _TASK_FAILURE_POLL_S = 1.0
+_TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
 
 
 def read_broadcast(payload: Broadcast[bytes]) -> bytes:
@@ -155,8 +156,18 @@ class SparkLauncher:
         return None
 
     def task_failure(self, task: tuple[int, int]) -> str | None:
-        if self._stopped() is None:
-            self._poll()
+        """Spark's reason for ending ``task`` (a lost agent's), waiting a little for it while the job's tasks end."""
+        deadline = time.monotonic() + _TASK_REASON_WAIT_S
+        while self._stopped() is None and self._poll() is None:
+            reason = self._status.reason(task)
+            if reason is not None or time.monotonic() >= deadline:
+                return reason
+            try:
+                if not self._status.tasks_active():
+                    return None
+            except Exception:  # noqa: BLE001 - the SparkContext is stopping: the reason is a nicety
+                return None
+            time.sleep(_TASK_FAILURE_POLL_S / 5)
         return self._status.reason(task)
 
     def stop(self, cancel: bool) -> None:
@@ -166,9 +177,7 @@ class SparkLauncher:
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
         if self._thread.is_alive():
-            self._poll()  # tasks killed from outside before this are the run's cause, not its doing
-            self._status.run_cancelled = True
-            self.sc.cancelJobGroup(self.group)
+            self.sc.cancelJobGroup(self.group)  # (Spark's reason for the kills names the group: not a cause)
         self._thread.join(timeout=60)
         if self._payload is not None:
             try:

@@ -2,9 +2,10 @@
 
 A poll reads the job's failed and killed task counters: the same few py4j calls whatever the number of ranks.
 Only when a counter moved are the tasks listed, and then only those FAILED (filtered in the JVM), and those
-KILLED when none failed (all of them then: a run whose job was killed from outside is ending). A KILLED task is one that something other than its rank ended: the run's own
-cancellation, Spark after another task of the barrier stage failed, or someone outside (the Spark UI's kill
-link, another thread of the application): those seen before the run cancels its job are the run's cause.
+KILLED when none failed (all of them then: a run whose job was killed from outside is ending).
+A KILLED task is one that something other than its rank ended: Spark after another task of the barrier stage
+failed, the run's own cancellation of its job group (Spark's reason names the group), or someone outside (the
+Spark UI's kill link, another thread of the application): those are the run's cause.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class BarrierJobStatus:
         self._counted = 0  # failed + killed tasks when they were last listed
         self.failed: dict[Task, str] = {}
         self.killed: dict[Task, str] = {}
-        self.run_cancelled = False  # set before the run cancels its own job: kills after it are its doing
+        self._ours: set[Task] = set()  # killed by the run's own cancellation of its job group
 
     def _jvm_status(self) -> tuple[Any, Any]:
         jsc = self._sc._jsc  # type: ignore[attr-defined]
@@ -58,24 +59,40 @@ class BarrierJobStatus:
             self._list(tracker, store)
             self._counted = counted
 
+    def tasks_active(self) -> bool:
+        """Whether tasks of the job still run (their end, and Spark's reason for it, may be on its way)."""
+        _, store = self._jvm_status()
+        if self._job_id is None:
+            return True
+        try:
+            return int(store.job(self._job_id).numActiveTasks()) > 0
+        except Exception:  # noqa: BLE001 - not in the status store yet
+            return True
+
     def _list(self, tracker: Any, store: Any) -> None:
         jvm = self._sc._jvm  # type: ignore[attr-defined]
+        assert jvm is not None
         v1 = jvm.org.apache.spark.status.api.v1
         info = tracker.getJobInfo(self._job_id)
         for stage_id in list(info.stageIds()) if info is not None else ():
             stage = tracker.getStageInfo(stage_id)
             for attempt in range(stage.currentAttemptId() + 1 if stage is not None else 0):
                 for status, found in ((v1.TaskStatus.FAILED, self.failed), (v1.TaskStatus.KILLED, self.killed)):
-                    if found is self.killed and (self.failed or self.run_cancelled):
-                        continue  # a failure explains the kills; after the run's own cancellation they are its
+                    if found is self.killed and self.failed:
+                        continue  # a failure explains the kills
                     tasks = store.taskList(stage_id, attempt, 0, _MAX_TASKS, v1.TaskSorting.ID,
                                            jvm.java.util.Collections.singletonList(status))
                     iterator = tasks.iterator()
                     while iterator.hasNext():
                         task = iterator.next()
                         key = (int(task.index()), int(task.attempt()))
-                        if key not in found:
-                            found[key] = self._describe(task, found is self.killed)
+                        if key in found or key in self._ours:
+                            continue
+                        described = self._describe(task, found is self.killed)
+                        if found is self.killed and self._group in described:  # the run's own cancellation
+                            self._ours.add(key)
+                        else:
+                            found[key] = described
 
     @staticmethod
     def _describe(task: Any, killed: bool) -> str:

@@ -118,7 +118,7 @@ class Supervisor:
         for what, step in steps:
             try:
                 step()
-            except Exception:  # noqa: BLE001 - the run's outcome stands; the clean-up's error is logged
+            except Exception:
                 log.exception("HorovodRunner: could not %s", what)
 
     def _running(self) -> list[AgentConnection]:
