@@ -164,7 +164,7 @@ class DriverChannel:
                         self._on_readable(key.data)
                 self._expire_handshakes()
                 self._update_listening()
-        except Exception as exc:  # noqa: BLE001 - a bug here must end the run, not leave it waiting forever
+        except Exception as exc:  # a bug here must end the run, not leave it waiting forever
             failure = exc
             log.exception("HorovodRunner: the driver channel failed")
         finally:
