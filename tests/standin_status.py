@@ -120,8 +120,10 @@ class StandInSparkContext:
         store = _Java(
             calls,
             taskList=task_list,
-            job=lambda job_id: _Java(calls, numFailedTasks=len(job.failed), numKilledTasks=len(job.killed),
-                                     numActiveTasks=job.tasks - len(job.failed | job.killed)),
+            lastStageAttempt=lambda stage_id: _Java(
+                calls, attemptId=0, numFailedTasks=len(job.failed), numKilledTasks=len(job.killed),
+                numActiveTasks=job.tasks - len(job.failed | job.killed),
+            ),
         )
         self._jsc = _Java(calls, statusTracker=jtracker, sc=_Java(calls, statusStore=store))
         v1 = SimpleNamespace(TaskStatus=SimpleNamespace(FAILED="FAILED", KILLED="KILLED"),

@@ -123,8 +123,11 @@ class SparkLauncher:
             self._stop_reason = self._poll()
         if self._failure is not None:
             # a task killed from outside (the Spark UI, another thread) says more than "Job 0 cancelled ..."
-            killed = None if self._status.failed else self._status.first_failure()
-            return LaunchFailed(self.describe(), killed or self._stop_reason or summary(self._failure), self._failure)
+            text = summary(self._failure)
+            reason = (None if self._status.failed else self._status.first_failure()) or self._stop_reason
+            if reason is None and "SPARK_JOB_CANCELLED" in text and self.group not in text:
+                reason = f"its job was killed from outside the run: {text}"
+            return LaunchFailed(self.describe(), reason or text, self._failure)
         if self._task_failure is None:
             failed = self._stop_reason or self._status.first_failure()
             if failed is not None:

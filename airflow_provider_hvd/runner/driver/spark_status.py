@@ -1,6 +1,8 @@
 """What Spark's status store says of a run's barrier job (runs in the driver, for :mod:`.spark_launch`).
 
-A poll reads the job's failed and killed task counters: the same few py4j calls whatever the number of ranks.
+A poll reads the failed and killed task counters of the job's stage (a stage's, not the job's: Spark stops
+counting a job's tasks once the job has ended, and a cancelled job ends before its tasks do): the same few py4j
+calls whatever the number of ranks.
 Only when a counter moved are the tasks listed, and then only those FAILED (filtered in the JVM), and those
 KILLED when none failed (all of them then: a run whose job was killed from outside is ending).
 A KILLED task is one that something other than its rank ended: Spark after another task of the barrier stage
@@ -28,8 +30,9 @@ class BarrierJobStatus:
         self._sc = sc
         self._group = group
         self._job_id: int | None = None
+        self._stage_ids: list[int] = []
         self._jvm_objects: tuple[Any, Any] | None = None  # the JVM's status tracker and store, asked for once
-        self._counted = 0  # failed + killed tasks when they were last listed
+        self._counted: list[tuple[int, int]] = []  # per stage: (attempt, failed + killed tasks) when last listed
         self.failed: dict[Task, str] = {}
         self.killed: dict[Task, str] = {}
         self._ours: set[Task] = set()  # killed by the run's own cancellation of its job group
@@ -43,40 +46,45 @@ class BarrierJobStatus:
         return self._jvm_objects
 
     def poll(self) -> None:
-        """Read the job's counters; list its failed (and killed) tasks when they moved. Raises what py4j raises."""
+        """Read the stage's counters; list its failed (and killed) tasks when they moved. Raises what py4j raises."""
         tracker, store = self._jvm_status()
-        if self._job_id is None:
+        if not self._stage_ids:
             ids = list(tracker.getJobIdsForGroup(self._group))
             if not ids:
                 return  # not submitted yet
             self._job_id = int(ids[0])
-        try:
-            job = store.job(self._job_id)
-        except Exception:  # noqa: BLE001 - submitted, not in the status store yet (its listener runs behind)
-            return
-        counted = int(job.numFailedTasks()) + int(job.numKilledTasks())
-        if counted > self._counted:
-            self._list(tracker, store)
+            info = tracker.getJobInfo(self._job_id)
+            self._stage_ids = [int(stage) for stage in info.stageIds()] if info is not None else []
+        counted = self._stages(store)
+        if counted is not None and counted != self._counted:
+            self._list(tracker, store, counted)
             self._counted = counted
+
+    def _stages(self, store: Any) -> list[tuple[int, int]] | None:
+        """Each stage's latest attempt and its failed + killed tasks; None before the status store has them."""
+        counted = []
+        for stage_id in self._stage_ids:
+            try:
+                stage = store.lastStageAttempt(stage_id)
+            except Exception:  # noqa: BLE001 - submitted, not in the status store yet (its listener runs behind)
+                return None
+            counted.append((int(stage.attemptId()), int(stage.numFailedTasks()) + int(stage.numKilledTasks())))
+        return counted
 
     def tasks_active(self) -> bool:
         """Whether tasks of the job still run (their end, and Spark's reason for it, may be on its way)."""
         _, store = self._jvm_status()
-        if self._job_id is None:
-            return True
         try:
-            return int(store.job(self._job_id).numActiveTasks()) > 0
+            return not self._stage_ids or any(int(store.lastStageAttempt(s).numActiveTasks()) for s in self._stage_ids)
         except Exception:  # noqa: BLE001 - not in the status store yet
             return True
 
-    def _list(self, tracker: Any, store: Any) -> None:
+    def _list(self, tracker: Any, store: Any, counted: list[tuple[int, int]]) -> None:
         jvm = self._sc._jvm  # type: ignore[attr-defined]
         assert jvm is not None
         v1 = jvm.org.apache.spark.status.api.v1
-        info = tracker.getJobInfo(self._job_id)
-        for stage_id in list(info.stageIds()) if info is not None else ():
-            stage = tracker.getStageInfo(stage_id)
-            for attempt in range(stage.currentAttemptId() + 1 if stage is not None else 0):
+        for stage_id, (last_attempt, _) in zip(self._stage_ids, counted):
+            for attempt in range(last_attempt + 1):
                 for status, found in ((v1.TaskStatus.FAILED, self.failed), (v1.TaskStatus.KILLED, self.killed)):
                     if found is self.killed and self.failed:
                         continue  # a failure explains the kills
