@@ -17,6 +17,11 @@ launcher's one reader thread among them), its RSS growth (sampled every 5 ms, fr
 whether every agent started and every rank's lines reached the driver's log complete and in order.
 Goal at 1,000 agents: started within 5 s of the last hello, aborted within 2 s, RSS growth under 300 MB.
 
+Also the supervisor's py4j calls per second to Spark's status store while the ranks run: at ``np=4`` on a real
+``local[4]`` SparkSession (the calls its thread makes, counted at py4j's client), and at ``np=1000`` against a
+stand-in of the JVM's status tracker and store (``tests/standin_status.py``; each answer one py4j round trip).
+Goal: the same few calls per second whatever np.
+
 Run it from the repository root::
 
     make bench                                   # runs .venv/bin/python benchmarks/scale.py among others
@@ -28,9 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +45,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from peaks import Peaks  # noqa: E402
-from simulated_agents import Run, Scenario, drive  # noqa: E402
+from peaks import Peaks
+from simulated_agents import Run, Scenario, drive
+from standin_status import StandInJob, standin_launcher
 
 LINES = 20
 GOALS = {"started_s": 5.0, "abort_s": 2.0, "rss_mb": 300.0}
@@ -100,12 +108,78 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+_SUPERVISOR_POLL_S = 0.2  # the supervisor asks its launcher this often (and at every event)
+
+
+def standin_calls_per_second(tasks: int, seconds: float) -> float:
+    """py4j calls per second of the supervisor's watch on a running barrier job of ``tasks`` tasks (stand-in)."""
+    launcher, sc = standin_launcher(StandInJob(group="", tasks=tasks))
+    launcher.failure()  # the first poll finds the job
+    start, before = time.monotonic(), sc.calls.count
+    while time.monotonic() - start < seconds:
+        assert launcher.failure() is None
+        time.sleep(_SUPERVISOR_POLL_S)
+    return round((sc.calls.count - before) / (time.monotonic() - start), 1)
+
+
+def _sleeping_ranks(seconds: float) -> int:
+    import time
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    time.sleep(seconds)
+    return hvd.size()
+
+
+def spark_calls_per_second(ranks: int, seconds: float) -> float:
+    """py4j calls per second that the supervisor's thread makes while ``ranks`` ranks run on ``local[ranks]``."""
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_hvd import HorovodRunner
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(f"local[{ranks}]").appName("py4j-calls")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    client = spark.sparkContext._gateway._gateway_client
+    me, calls = threading.get_ident(), []
+    send = client.send_command
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == me:
+            calls.append(time.monotonic())
+        return send(*args, **kwargs)
+
+    started: list[float] = []
+
+    class _Started(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "ranks started" in record.getMessage():
+                started.append(time.monotonic())
+
+    handler = _Started()
+    logger = logging.getLogger("airflow_provider_hvd.runner")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    client.send_command = counted
+    try:
+        assert HorovodRunner(np=ranks).run(_sleeping_ranks, seconds=seconds + 2) == ranks
+    finally:
+        client.send_command = send
+        logger.removeHandler(handler)
+        spark.stop()
+    window = (started[0] + 1, started[0] + 1 + seconds)  # the ranks running, past the start's own calls
+    return round(sum(window[0] <= at < window[1] for at in calls) / seconds, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--agents", type=int, nargs="*", default=[100, 1000], help="none: only the py4j figures")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--spread", type=float, default=0.0, help="agents connect over this many seconds")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--py4j-seconds", type=float, default=6.0, help="how long to count py4j calls (0: skip)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("airflow_provider_hvd.ranks").propagate = False  # counted, not printed
@@ -118,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{agents} agents: round {round_no + 1}/{args.repeats}: {ok[-1]} {fail[-1]}", file=sys.stderr)
         figures["sizes"][agents] = {"ok": summarize(ok), "fail": summarize(fail), "rounds": {"ok": ok, "fail": fail}}
     print(format_table(figures))
+    if args.py4j_seconds:
+        figures["py4j_calls_per_s"] = {
+            "np=4 local[4]": spark_calls_per_second(4, args.py4j_seconds),
+            "np=1000 stand-in": standin_calls_per_second(1000, args.py4j_seconds),
+        }
+        print("supervisor's py4j calls per second while the ranks run: "
+              + ", ".join(f"{k}: {v}" for k, v in figures["py4j_calls_per_s"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0

@@ -345,3 +345,26 @@ def test_progress_bars_are_relayed_as_they_go(caplog):
     lines = relayed(caplog)[0]
     assert lines == ["training 10%", "checkpoint at 10% ✓", "training 50%", "checkpoint at 50% ✓",
                      "training 90%", "checkpoint at 90% ✓"]
+
+
+def lose_a_message() -> str:
+    import os
+
+    import horovod.torch as hvd
+
+    from airflow_provider_hvd.horovod import log_to_driver
+    from airflow_provider_hvd.runner.rank.control import LOG_TOKEN_ENV, message_marker
+
+    hvd.init()
+    os.write(1, message_marker(os.environ[LOG_TOKEN_ENV]) + b"999\n")  # a marker whose message never comes
+    log_to_driver("after the lost one")
+    return "done"
+
+
+def test_a_message_whose_marker_came_without_it_is_counted_and_said(caplog):
+    """Before: dropped without a word after holding the rank's output for 10 s."""
+    assert HorovodRunner(np=-1).run(lose_a_message) == "done"
+    assert relayed(caplog)[0] == [
+        "[a log_to_driver message (#999) did not reach the agent in time; 1 so far]",
+        "after the lost one",
+    ]

@@ -139,3 +139,45 @@ def test_the_job_runs_once_the_other_application_leaves(busy_session, holder, qu
     result = HorovodRunner(np=2).run(allreduce_sum)
     assert result["size"] == 2 and result["sum"] == 3.0
     assert waits(quick_reports), "the run did not report its wait"
+
+
+def test_a_wait_on_a_master_whose_ui_does_not_answer_says_the_total_is_unknown_and_names_the_setting(
+    busy_session, quick_reports
+):
+    """Before: "the application has 0 (2s waited, up to 2s)", never saying why a job that cannot fit waits."""
+    conf = busy_session.sparkContext._conf  # the running SparkContext's own settings
+    right = conf.get(spark_cluster.MASTER_WEB_UI_CONF)
+    conf.set(spark_cluster.MASTER_WEB_UI_CONF, "http://127.0.0.1:9")  # as a wrong URL would: nothing answers there
+    try:
+        with pytest.raises(LaunchError, match=r"the cluster's total is unknown \(http://127.0.0.1:9/json/ did not "
+                                              r"answer.*set spark.horovodRunner.masterWebUiUrl"):
+            HorovodRunner(np=3, slot_wait_timeout=2).run(allreduce_sum)
+    finally:
+        conf.set(spark_cluster.MASTER_WEB_UI_CONF, right)
+    assert "the cluster's total is unknown" in waits(quick_reports)[0]
+    assert "spark.horovodRunner.masterWebUiUrl" in waits(quick_reports)[0]
+
+
+def test_cores_and_gpus_that_limit_equally_are_both_named():
+    """Before: the refusal named only spark.task.cpus."""
+    gpu_worker = {"state": "ALIVE", "cores": 1, "memory": 2048, "resources": {"gpu": {"addresses": ["0"]}}}
+    conf = {"spark.task.resource.gpu.amount": "1", "spark.executor.resource.gpu.amount": "1"}
+    message = str(slots.never_fits_error("spark://m:7077", 3, 2, conf, {"workers": [gpu_worker, gpu_worker]}))
+    assert "has 2 at most (spark.task.cpus=1). Cores and GPUs both limit it" in message
+    assert "spark.task.resource.gpu.amount=1 (2 on the workers)" in message
+    gpus_only = str(slots.never_fits_error("spark://m:7077", 3, 2, conf, {"workers": [{**gpu_worker, "cores": 4}] * 2}))
+    assert "GPUs are what limits it (2 on the workers)" in gpus_only and "Cores and GPUs" not in gpus_only
+
+
+def test_a_run_and_its_ui_link_fetch_the_masters_state_once(busy_session, monkeypatch):
+    """Before: the UI link, the most slots and the refusal's GPU note each fetched the master's /json/."""
+    from airflow_provider_hvd.hooks.spark_ui import application_ui_url
+
+    fetches = []
+    fetch = spark_cluster._fetch_master_state
+    monkeypatch.setattr(spark_cluster, "_fetch_master_state", lambda *args: fetches.append(args) or fetch(*args))
+    monkeypatch.setattr(spark_cluster, "_fetched", {})  # nothing kept from earlier tests
+    assert application_ui_url(busy_session.sparkContext)  # what the hook does before the run
+    with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* has 2 at most"):
+        HorovodRunner(np=3).run(allreduce_sum)
+    assert len(fetches) == 1

@@ -2,42 +2,96 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import logging
 import os
 import socket
-import threading
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_hvd.hooks.spark_output import launch_logged_gateway, stop_gateway
+from airflow_provider_hvd.hooks.shared_session import shared_session
+from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
 from airflow_provider_hvd.runner.driver.progress import ProgressSink
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
-from airflow_provider_hvd.runner.driver.spark_cluster import default_executor_python, standalone_masters
+from airflow_provider_hvd.runner.driver.spark_cluster import default_executor_python, standalone_masters, summary
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
     from py4j.java_gateway import JavaGateway
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
-_EXTRA_TO_CONF = {"queue": "spark.yarn.queue", "namespace": "spark.kubernetes.namespace"}
+_EXTRA_TO_CONF = {
+    "queue": "spark.yarn.queue",
+    "namespace": "spark.kubernetes.namespace",
+    "principal": "spark.kerberos.principal",  # what spark-submit's --principal sets
+}
+KEYTAB_CONF = "spark.kerberos.keytab"  # what spark-submit's --keytab sets; the extra holds the keytab in base64
+# the apache-spark provider's other extras: they concern spark-submit or cluster mode, not a session in the task
+_SUBMIT_ONLY_EXTRAS = {"spark-binary", "rest-scheme", "rest-port", "yarn_resourcemanager_webapp_address"}
+HISTORY_SERVER_EXTRA = "history-server-url"
+_KNOWN_EXTRAS = {*_EXTRA_TO_CONF, "keytab", "deploy-mode", HISTORY_SERVER_EXTRA, *_SUBMIT_ONLY_EXTRAS}
+# settings a SparkContext takes when it starts: a job on a running one that differs in them would run otherwise
+# than asked (the GPUs and cores of a task, the driver's fixed addresses and ports, what the ranks are given)
+_SETTINGS_THAT_MATTER = (
+    "spark.task.", "spark.executor.resource.", "spark.driver.resource.", "spark.executor.cores",
+    "spark.driver.host", "spark.driver.bindAddress", "spark.driver.port", "spark.driver.blockManager.port",
+    "spark.blockManager.port", "spark.horovodRunner.", "spark.executorEnv.", "spark.kerberos.",
+)
+_SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private", "keytab", "api_key", "apikey")
+_PY4J_CHATTER = ("py4j.clientserver", "py4j.java_gateway")  # a line at INFO each time a Python thread ends
 
 
-class _SharedSession:
-    """The SparkSession that hooks started in this process, kept while any hook's job runs on it.
+def is_secret_setting(key: str) -> bool:
+    """Whether a setting's value is a secret (a password, a token...) to be masked wherever it is logged."""
+    return any(word in key.lower() for word in _SECRET_WORDS)
 
-    Spark allows one SparkContext per process; hooks running jobs at once (threads of a notebook or a
-    service) share it, and the last one to finish stops it and the JVM started for it.
-    """
 
-    lock = threading.Lock()
-    users = 0
-    gateway: JavaGateway | None = None
+def masked(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with the values of secret settings replaced by ``***``, to be logged."""
+    return {key: "***" if is_secret_setting(key) else value for key, value in conf.items()}
+
+
+def _mask_in_airflow_logs(conf: Mapping[str, str]) -> None:
+    """Have Airflow mask the secret values wherever they would show in the task log (Spark's own lines too)."""
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs
+        return
+    for key, value in conf.items():
+        if is_secret_setting(key) and value:
+            mask_secret(value)
+
+
+def _keytab_file(conn_id: str, encoded: str) -> str:
+    """The keytab of a connection's ``keytab`` extra (base64, as the apache-spark provider takes it) as a file
+    only this user can read, named after its content (the same keytab is written once)."""
+    try:
+        keytab = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            f"Connection {conn_id!r} has a keytab extra that is not base64: give the output of "
+            "`base64 -w0 <your.keytab>`, as the apache-spark provider expects."
+        ) from None
+    path = Path(tempfile.gettempdir(), f"hvd-keytab-{os.getuid()}-{hashlib.sha256(keytab).hexdigest()[:16]}")
+    if not (path.exists() and path.read_bytes() == keytab):
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(keytab)
+        os.replace(staging, path)
+    return str(path)
 
 
 def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
@@ -47,8 +101,9 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
     port, is the master as is (``local[*]``, ``yarn``, ``spark://h``, ``k8s://https://h``), otherwise
     ``<conn_type>://<host>``; then the port, when the connection has one, is appended
     (host ``spark://h`` and port 7077 → ``spark://h:7077``; the URI form ``spark://h:7077`` alike).
-    Extras that are Spark settings (``spark.executor.memory``...) go into the SparkConf, as do
-    ``queue`` and ``namespace``.
+    Extras that are Spark settings (``spark.executor.memory``...) go into the SparkConf, as do ``queue``,
+    ``namespace`` and Kerberos' ``principal`` and ``keytab`` (base64; written to a file only this user can read).
+    Other extras are refused by name, except those that concern only spark-submit.
     """
     if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
         master = conn.host
@@ -67,8 +122,17 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
             f"Connection {conn.conn_id!r} asks for deploy-mode 'cluster'; HorovodHook runs the Spark driver in "
             "the Airflow task (client mode). Remove the deploy-mode extra or set it to 'client'."
         )
+    unknown = sorted(key for key in extra if not key.startswith("spark.") and key not in _KNOWN_EXTRAS)
+    if unknown:
+        raise ValueError(
+            f"Connection {conn.conn_id!r} has extras that are neither Spark settings (spark.*) nor ones HorovodHook "
+            f"knows: {', '.join(map(repr, unknown))}. Known: {', '.join(sorted(_KNOWN_EXTRAS))}; remove them, or "
+            "give Spark settings their full name (e.g. spark.executor.memory)."
+        )
     conf = {key: str(value) for key, value in extra.items() if key.startswith("spark.")}
     conf.update({_EXTRA_TO_CONF[key]: str(extra[key]) for key in _EXTRA_TO_CONF if extra.get(key)})
+    if extra.get("keytab"):
+        conf[KEYTAB_CONF] = _keytab_file(conn.conn_id, str(extra["keytab"]))
     return master, conf
 
 
@@ -80,12 +144,16 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _first_line(exc: BaseException) -> str:
-    """What went wrong, without py4j's preamble or the JVM's stack trace."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        return str(java.toString())
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+def _said_by_spark(exc: BaseException) -> bool:
+    """Whether Spark refused (its JVM said why), as opposed to a bug on the Python side (its traceback tells)."""
+    from py4j.protocol import Py4JError
+
+    return isinstance(exc, (Py4JError, SparkStartError))
+
+
+def differing_settings(running: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
+    """The settings of ``wanted`` that the running SparkContext's ``running`` settings do not have as asked."""
+    return {key: (value, running.get(key)) for key, value in wanted.items() if running.get(key) != value}
 
 
 class HorovodHook(BaseHook):
@@ -126,8 +194,10 @@ class HorovodHook(BaseHook):
                 f"or `airflow connections add {self.conn_id} --conn-type spark --conn-host 'local[*]'`."
             ) from None
         master, conf = master_from_connection(conn)
-        self.history_server = conn.extra_dejson.get("history-server-url") or None
-        return master, {**conf, **self.spark_conf}
+        self.history_server = conn.extra_dejson.get(HISTORY_SERVER_EXTRA) or None
+        conf = {**conf, **self.spark_conf}
+        _mask_in_airflow_logs(conf)
+        return master, conf
 
     def get_conn(self) -> SparkSession:
         """The SparkSession on the connection's master (the running one if it already matches).
@@ -151,18 +221,44 @@ class HorovodHook(BaseHook):
                 "or correct the connection's host and port."
             )
 
+    def _check_running(self, running: SparkContext, master: str, conf: dict[str, str]) -> None:
+        """Join a running SparkContext only where it runs the job as asked: refuse where a setting that matters
+        differs (its settings cannot change once it runs), and say which others it ignores."""
+        if running.master != master:
+            raise RuntimeError(
+                f"A SparkContext on {running.master} is already running in this process, and connection "
+                f"{self.conn_id!r} asks for {master}: Spark allows one per process. Stop the other one first."
+            )
+        differing = differing_settings(dict(running.getConf().getAll()), conf)
+        if not differing:
+            return
+        shown = {
+            key: ("***", "***") if is_secret_setting(key) else (wanted, have) for key, (wanted, have) in differing.items()
+        }
+        lines = ", ".join(f"{key}={wanted} (running: {have or 'unset'})" for key, (wanted, have) in sorted(shown.items()))
+        if any(key.startswith(_SETTINGS_THAT_MATTER) for key in differing):
+            raise LaunchError(
+                f"The SparkContext already running in this process on {master} differs from what connection "
+                f"{self.conn_id!r} and spark_conf ask for: {lines}. A running SparkContext keeps the settings it "
+                "started with; run this job after the other one ends (or stop that SparkContext), or ask for the "
+                "running one's settings."
+            )
+        self.log.warning(
+            "Joining the SparkContext already running on %s, which keeps the settings it started with; these of "
+            "connection %r and spark_conf do not apply: %s", master, self.conn_id, lines,
+        )
+
     def _session(self) -> tuple[SparkSession, bool]:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
         master, conf = self.resolve()
+        for name in _PY4J_CHATTER:  # py4j's INFO lines are about its own connections: noise in a task log
+            if logging.getLogger(name).level == logging.NOTSET:  # unless set on purpose
+                logging.getLogger(name).setLevel(logging.WARNING)
         running = SparkContext._active_spark_context
         if running is not None:
-            if running.master != master:
-                raise RuntimeError(
-                    f"A SparkContext on {running.master} is already running in this process, and connection "
-                    f"{self.conn_id!r} asks for {master}: Spark allows one per process. Stop the other one first."
-                )
+            self._check_running(running, master, conf)
             return SparkSession.builder.getOrCreate(), False
         self._check_master(master)
         # pyspark's driver takes the executors' Python from the environment, not from the SparkConf
@@ -171,6 +267,7 @@ class HorovodHook(BaseHook):
         else:
             default_executor_python(master)
         conf = {"spark.ui.showConsoleProgress": "false", **conf}  # a progress bar is noise in a task log
+        self.log.info("Starting a Spark session on %s with %s", master, masked(conf))
         try:
             self._gateway = launch_logged_gateway(
                 SparkConf().setMaster(master).setAppName(self.app_name).setAll(conf.items())
@@ -179,12 +276,13 @@ class HorovodHook(BaseHook):
             for key, value in conf.items():
                 builder = builder.config(key, value)
             return builder.getOrCreate(), True
-        except Exception as exc:  # noqa: BLE001 - one sentence instead of py4j's JVM stack trace
-            reason = _first_line(exc)  # asks the JVM: before it is stopped
+        except Exception as exc:
+            reason = summary(exc, first_line=True)
             self.stop()
-            raise LaunchError(
-                f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {reason}"
-            ) from None
+            error = LaunchError(f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {reason}")
+            if _said_by_spark(exc):
+                raise error from None  # the JVM's stack trace would bury the reason
+            raise error from exc  # a bug: its traceback is what tells
 
     def run(
         self,
@@ -214,16 +312,17 @@ class HorovodHook(BaseHook):
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})
         spark, shared = self._join_session()
-        sc = spark.sparkContext
-        self.ui_url = application_ui_url(sc, self.history_server)
-        self.log.info("Spark master %s, application %s, UI %s", sc.master, sc.applicationId, self.ui_url or "-")
         try:
+            sc = spark.sparkContext
+            self.ui_url = application_ui_url(sc, self.history_server)
+            ui = f", Spark UI {self.ui_url}" if self.ui_url else ""
+            self.log.info("Spark master %s, application %s%s", sc.master, sc.applicationId, ui)
             if self._cancelled:  # cancel() came while the session started
                 raise RunCancelledError("the job was cancelled before its ranks started")
             return self._runner.run_with_args(python_callable, args, kwargs or {})
         finally:
             if shared:
-                self._leave_session(spark)
+                shared_session.leave(spark)
 
     @property
     def runner(self) -> HorovodRunner | None:
@@ -232,26 +331,13 @@ class HorovodHook(BaseHook):
 
     def _join_session(self) -> tuple[SparkSession, bool]:
         """The session for a job, and whether it is the one hooks share (a SparkContext the user started is not)."""
-        with _SharedSession.lock:
-            spark, started = self._session()
-            if started:
-                _SharedSession.gateway, self._gateway = self._gateway, None
-                _SharedSession.users = 1
-                return spark, True
-            if _SharedSession.users:  # the running SparkContext is the one hooks share
-                _SharedSession.users += 1
-                return spark, True
-            return spark, False  # the application's own SparkContext: it stops it
 
-    @staticmethod
-    def _leave_session(spark: SparkSession) -> None:
-        with _SharedSession.lock:
-            _SharedSession.users -= 1
-            if _SharedSession.users == 0:
-                spark.stop()
-                if _SharedSession.gateway is not None:
-                    stop_gateway(_SharedSession.gateway)
-                    _SharedSession.gateway = None
+        def session() -> tuple[SparkSession, JavaGateway | None, bool]:
+            spark, started = self._session()
+            gateway, self._gateway = (self._gateway, None) if started else (None, self._gateway)
+            return spark, gateway, started
+
+        return shared_session.join(session)
 
     def stop(self) -> None:
         """End the Spark driver's JVM if this hook started it (its SparkContext must have stopped)."""

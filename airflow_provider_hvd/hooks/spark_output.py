@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from airflow_provider_hvd.runner.driver.spark_cluster import summary
+
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaGateway
     from pyspark import SparkConf
@@ -36,6 +38,10 @@ _CONTINUATION = re.compile(
     r"|[\w$.]+(?:Exception|Error|Throwable)\b"  # org.apache.spark.SparkException: ...
     r"|[\w$./<>-]+\((?:[\w$.-]+:\d+|Native Method|Unknown Source)\)$"  # a frame without "at "
 )
+
+
+class SparkStartError(RuntimeError):
+    """The Spark driver's JVM exited before its gateway was up; the message is the JVM's own reason."""
 
 
 def classify(lines: Iterable[str]) -> Iterable[tuple[str, int, str]]:
@@ -80,17 +86,17 @@ class _Relay(threading.Thread):
 
     def reason(self) -> str:
         """Why the JVM exited, in its own words: its last exception or error line."""
-        lines = [line for line in self.last_lines if line and not line.startswith("at ")]
+        lines = summary("\n".join(self.last_lines)).splitlines() if any(self.last_lines) else []
         errors = [line for line in lines if re.search(r"Exception|Error", line)]
         said = errors[-1] if errors else lines[-1] if lines else ""
-        return said.removeprefix('Exception in thread "main" ')
+        return summary(said, first_line=True) if said else ""
 
 
 def launch_logged_gateway(conf: SparkConf) -> JavaGateway | None:
     """Start pyspark's JVM gateway with ``conf``, its output relayed to ``logging``; None if one is running.
 
     Called before the SparkSession is built: pyspark starts one gateway per process and reuses it.
-    Raises RuntimeError with the JVM's own reason when it exits before the gateway is up.
+    Raises SparkStartError with the JVM's own reason when it exits before the gateway is up.
     """
     from pyspark import SparkContext
     from pyspark.java_gateway import launch_gateway
@@ -106,7 +112,7 @@ def launch_logged_gateway(conf: SparkConf) -> JavaGateway | None:
         except Exception as exc:
             os.close(write_fd)
             relay.join(timeout=5)  # the JVM is gone: its last lines are in
-            raise RuntimeError(f"the Spark driver's JVM exited: {relay.reason() or exc}") from exc
+            raise SparkStartError(f"the Spark driver's JVM exited: {relay.reason() or exc}") from exc
         os.close(write_fd)  # the JVM holds its own copy; the relay ends when the JVM does
         SparkContext._ensure_initialized(gateway=gateway)
         return gateway

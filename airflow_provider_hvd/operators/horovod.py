@@ -45,7 +45,7 @@ class HorovodRunnerOperator(BaseOperator):
     :param np: ranks: ``np > 0`` a Spark barrier job on the connection's cluster, ``np < 0`` local processes.
     :param driver_log_verbosity: ``"log_callback_only"`` (default) or ``"all"``: which rank output reaches
         the task log.
-    :param conn_id: the ``spark`` connection (default ``spark_default``).
+    :param conn_id: the ``spark`` connection (default ``spark_default``; templated).
     :param spark_conf: Spark settings on top of the connection's (templated).
     :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
         before failing; a job that can never fit the cluster fails at once.
@@ -59,7 +59,7 @@ class HorovodRunnerOperator(BaseOperator):
     ``last_checkpoint()`` in the ranks returns the checkpoint an earlier try reported (see docs/long-runs.md).
     """
 
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "np", "spark_conf")
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "np", "conn_id", "spark_conf")
     template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "spark_conf": "json"}
     operator_extra_links = (SparkUILink(),)
     ui_color = "#e8f0fe"

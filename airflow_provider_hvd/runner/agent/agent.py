@@ -59,7 +59,7 @@ TAIL_LINES = 50
 CONNECT_TIMEOUT_S = 30.0
 EXIT_AFTER_REPORT_S = 10.0  # a rank that reported but does not exit is ended after this
 _OUTPUT_DRAIN_S = 5.0  # after the reaper exited, output still held open by an escaped process is abandoned
-_MESSAGE_WAIT_S = 10.0
+_MESSAGE_WAIT_S = 2.0  # a message is written before its marker: it is late only when the agent is starved
 _REAPER = str(Path(reaper.__file__).resolve())
 
 
@@ -93,10 +93,13 @@ class _RankProcess:
         self.ended_at: float | None = None  # when its control pipe closed: the rank process had ended
         self._messages: dict[int, str] = {}
         self._messages_cond = threading.Condition()
+        self._control_open = True
+        self._last_seq = -1  # the last log_to_driver message received (they come in order)
+        self._given_up: set[int] = set()  # markers whose message had not come in time: it goes out when it does
+        self.messages_lost = 0
         self._stop_reading = threading.Event()
         self.last_active = time.monotonic()  # the rank's last output or control message (.activity)
         self.stacks = StackFile(rank)
-        self._control_open = True
         token = secrets.token_hex(16)
         self._splitter = OutputSplitter(message_marker(token))
         ctl_read, ctl_write = os.pipe()
@@ -136,11 +139,19 @@ class _RankProcess:
             self.last_active = time.monotonic()
         if isinstance(piece, int):  # a log_to_driver message: relayed whatever the verbosity
             with self._messages_cond:
-                self._messages_cond.wait_for(lambda: piece in self._messages, timeout=_MESSAGE_WAIT_S)
+                self._messages_cond.wait_for(
+                    lambda: piece in self._messages or piece <= self._last_seq or not self._control_open,
+                    timeout=_MESSAGE_WAIT_S,
+                )
                 text = self._messages.pop(piece, None)
-            if text is not None:
-                self._echo(text, relayed=True)
-                self._outbox.put(text)
+                if text is None:
+                    self.messages_lost += 1
+                    if piece > self._last_seq and self._control_open:
+                        self._given_up.add(piece)
+                    text = (f"[a log_to_driver message (#{piece}) did not reach the agent in time; "
+                            f"{self.messages_lost} so far]")
+            self._echo(text, relayed=True)
+            self._outbox.put(text)
             return
         self.tail.append(piece)
         self._echo(piece, relayed=self._args.relay_output)
@@ -176,7 +187,14 @@ class _RankProcess:
                     continue
                 if isinstance(message, DriverMessage):
                     with self._messages_cond:
-                        self._messages[message.seq] = message.text
+                        self._last_seq = max(self._last_seq, message.seq)
+                        if message.seq in self._given_up:  # its marker went by: out of place, but not lost
+                            self._given_up.discard(message.seq)
+                            self.messages_lost -= 1
+                            self._echo(f"{message.text} [late]", relayed=True)
+                            self._outbox.put(f"{message.text} [late]")
+                        else:
+                            self._messages[message.seq] = message.text
                         self._messages_cond.notify_all()
                     continue
                 if isinstance(message, Result):
@@ -188,7 +206,9 @@ class _RankProcess:
             self.ended_at = time.time()  # the failure's time at its source, for one that died without an exception
             return
         finally:
-            self._control_open = False
+            with self._messages_cond:
+                self._control_open = False  # no message comes any more: a marker does not wait for one
+                self._messages_cond.notify_all()
             self.reported.set()  # the rank is gone, whether it reported or not
 
     def dump_stacks(self) -> RankState:

@@ -217,6 +217,7 @@ class DriverChannel:
     # the loop (its own thread)
 
     def _serve(self) -> None:
+        failure: Exception | None = None
         try:
             while not self._closed:
                 for key, _ in self._selector.select(self._select_timeout()):
@@ -227,13 +228,28 @@ class DriverChannel:
                 self._expire_handshakes()
                 self._keep_alive()
                 self._update_listening()
+        except Exception as exc:  # a bug here must end the run, not leave it waiting forever
+            failure = exc
+            log.exception("HorovodRunner: the driver channel failed")
         finally:
             for key in list(self._selector.get_map().values()):
                 if isinstance(key.data, AgentConnection):
-                    self._drop(key.data)  # agents still running see the end and end their ranks
+                    self._end(key.data, failure)  # agents still running see the end and end their ranks
             self._selector.close()
             self._listener.close()  # connections still in its queue are refused
             self._wake_r.close()
+
+    def _end(self, conn: AgentConnection, failure: Exception | None) -> None:
+        """Close a connection as the loop ends; when the loop failed, the run hears that its agent is lost."""
+        try:
+            if failure is not None and conn.handshake is None:
+                self._lost(conn, f"the driver channel failed: {failure!r}")
+            else:
+                self._drop(conn)
+        except Exception:  # noqa: BLE001 - the selector itself may be what failed
+            conn.close()
+            if failure is not None and conn.handshake is None:
+                self.events.put(ChannelEvent(conn, None, lost=f"the driver channel failed: {failure!r}"))
 
     def _select_timeout(self) -> float | None:
         timeouts = [_EXPIRY_CHECK_S] if self._pending else []  # often enough to close unproven connections on time

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError, RunCancelledError
-from .spark_cluster import is_local, master_state
+from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, master_state_or_why
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -111,30 +111,71 @@ def check_barrier_allowed(sc: SparkContext, size: int) -> None:
         )
 
 
-def _gpu_note(sc: SparkContext, size: int) -> str:
-    """Why GPUs limit the slots, and what to change, when the application asks for GPUs; else nothing."""
-    conf = sc.getConf()
+def _gpu_slots(state: dict[str, Any], conf: dict[str, str]) -> int:
+    """The most task slots the alive workers' GPUs alone would allow (as if cores were no limit)."""
+    executor_gpus = float(conf.get(EXECUTOR_GPUS) or 0)
+    task_gpus = float(conf.get(TASK_GPUS) or 0)
+    slots = 0
+    for worker in state["workers"]:
+        gpus = _gpus_of(worker)
+        if worker.get("state") != "ALIVE" or gpus < executor_gpus:
+            continue
+        if executor_gpus:
+            slots += int(gpus // executor_gpus) * math.floor(executor_gpus / task_gpus)
+        else:
+            slots += math.floor(gpus / task_gpus)
+    return slots
+
+
+def limits_note(state: dict[str, Any] | None, conf: dict[str, str], size: int) -> str:
+    """When the application asks for GPUs: whether GPUs, or cores and GPUs both, limit the slots, and what to
+    change; else nothing (the message's ``spark.task.cpus`` says it)."""
     if not conf.get(TASK_GPUS):
         return ""
-    state = master_state(sc)
-    if state is not None and standalone_capacity(state, dict(conf.getAll()), count_gpus=False) < size:
-        return ""  # the cores would not do either
-    on_workers = f" ({sum(_gpus_of(w) for w in state['workers'] if w.get('state') == 'ALIVE')} on the workers)" if state else ""
-    return (
-        f" GPUs are what limits it{on_workers}: each executor gets {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS) or 0}, "
-        f"each task {TASK_GPUS}={conf.get(TASK_GPUS)}. Give the cluster more GPUs (the workers' "
-        "spark.worker.resource.gpu.amount and discovery script, or more GPU executors), or ask for fewer per task."
+    asked = f"each executor gets {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS) or 0}, each task {TASK_GPUS}={conf.get(TASK_GPUS)}"
+    more_gpus = ("give the cluster more GPUs (the workers' spark.worker.resource.gpu.amount and discovery script, "
+                 "or more GPU executors), or ask for fewer per task")
+    if state is None:
+        return f" GPUs are what limits it: {asked}. To fit, {more_gpus}."
+    on_workers = f" ({sum(_gpus_of(w) for w in state['workers'] if w.get('state') == 'ALIVE')} on the workers)"
+    cores_limit = standalone_capacity(state, conf, count_gpus=False) < size
+    gpus_limit = _gpu_slots(state, conf) < size
+    if cores_limit and gpus_limit:
+        return (f" Cores and GPUs both limit it: each task needs spark.task.cpus={conf.get('spark.task.cpus') or 1} "
+                f"cores, and {asked}{on_workers}. To fit, give the cluster more cores and {more_gpus}.")
+    if cores_limit:
+        return ""
+    return f" GPUs are what limits it{on_workers}: {asked}. To fit, {more_gpus}."
+
+
+def total_unknown_note(sc: SparkContext) -> str:
+    """Why the most slots the cluster could give is not known, and the setting that would tell it; "" if known."""
+    master = sc.master or ""
+    if is_local(master):
+        return ""
+    state, why = master_state_or_why(sc)
+    if state is not None:
+        return ""
+    if master.startswith("spark://"):
+        return (f"the cluster's total is unknown ({why}): set {MASTER_WEB_UI_CONF} to the standalone master's web UI "
+                "(e.g. http://spark-master:8080) so that a job that can never fit is refused at once")
+    return f"the cluster's total is unknown on {master.split(':')[0]}: executors come as the cluster manager grants them"
+
+
+def never_fits_error(master: str, size: int, total: int, conf: dict[str, str], state: dict[str, Any] | None) -> LaunchError:
+    """The refusal of a job of ``size`` ranks on a cluster of at most ``total`` slots."""
+    task_cpus = conf.get("spark.task.cpus") or 1
+    return LaunchError(
+        f"HorovodRunner(np={size}) needs {size} Spark task slots at once (a barrier job starts all its tasks "
+        f"together), but the cluster at {master} has {total} at most (spark.task.cpus={task_cpus})."
+        f"{limits_note(state, conf, size)}"
+        f" Lower np to at most {total}, give the cluster more executors or cores (spark.executor.instances, "
+        "spark.executor.cores, spark.cores.max), or use np<0 to run on this host alone."
     )
 
 
 def _never_fits(sc: SparkContext, size: int, total: int) -> LaunchError:
-    task_cpus = sc.getConf().get("spark.task.cpus") or 1
-    return LaunchError(
-        f"HorovodRunner(np={size}) needs {size} Spark task slots at once (a barrier job starts all its tasks "
-        f"together), but the cluster at {sc.master} has {total} at most (spark.task.cpus={task_cpus}).{_gpu_note(sc, size)}"
-        f" Lower np to at most {total}, give the cluster more executors or cores (spark.executor.instances, "
-        "spark.executor.cores, spark.cores.max), or use np<0 to run on this host alone."
-    )
+    return never_fits_error(sc.master or "", size, total, dict(sc.getConf().getAll()), master_state(sc))
 
 
 def wait_for_slots(
@@ -167,14 +208,17 @@ def wait_for_slots(
                 "(did the master give up the application?); see Spark's log above"
             )
         if now - started >= timeout:
+            unknown = total_unknown_note(sc) if total is None else ""
             raise LaunchError(
                 f"HorovodRunner(np={size}) waited {now - started:.0f}s for {size} free Spark task slots on "
                 f"{sc.master}, and the application has {slots} (the cluster is busy with other jobs, or its "
-                f"executors cannot start).{_gpu_note(sc, size)} Wait longer (slot_wait_timeout, now {timeout:g}s), "
-                "free the cluster, or lower np."
+                f"executors cannot start{'; ' + unknown if unknown else ''})."
+                f"{limits_note(master_state(sc), dict(sc.getConf().getAll()), size)} Wait longer (slot_wait_timeout, "
+                f"now {timeout:g}s), free the cluster, or lower np."
             )
         if now >= next_report:
-            at_most = f" of the {total} it could hold" if total is not None else ""
+            unknown = total_unknown_note(sc) if total is None else ""
+            at_most = f" of the {total} it could hold" if total is not None else f"; {unknown}" if unknown else ""
             log.warning(
                 "HorovodRunner: waiting for %d Spark task slots on %s; the application has %d%s "
                 "(%.0fs waited, up to %gs)", size, sc.master, slots, at_most, now - started, timeout,

@@ -6,9 +6,12 @@ trace, and the standalone master's state from its web UI (``/json/``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
+import threading
+import time
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +24,10 @@ if TYPE_CHECKING:
 # Where the standalone master's web UI is (its /json/ tells the cluster's cores); default http://<master>:8080
 MASTER_WEB_UI_CONF = "spark.horovodRunner.masterWebUiUrl"
 MASTER_WEB_UI_PORT = 8080
-_JVM_FRAME = re.compile(r"\tat |\t\.\.\. \d+ more$")
+MASTER_STATE_REUSE_S = 10.0  # one run's look-ups (its UI link, its slot count, its refusal) share one fetch
+_JVM_FRAME = re.compile(r"\s*at [\w$.<>/-]+\(.*\)$|\s*\.\.\. \d+ more$")
 _PY4J_CALL = "An error occurred while calling "
+_JVM_PREFIXES = (": ", 'Exception in thread "main" ', "org.apache.spark.SparkException: ")
 _LOCAL_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
 
 def is_local(master: str) -> bool:
@@ -33,11 +38,22 @@ def is_local(master: str) -> bool:
     return _LOCAL_MASTER.fullmatch(master) is not None
 
 
-def summary(exc: BaseException | str) -> str:
-    """An error's message without a JVM stack trace (py4j and Spark put them in the text)."""
-    lines = [line for line in str(exc).splitlines() if not _JVM_FRAME.match(line) and not line.startswith(_PY4J_CALL)]
-    text = "\n".join(lines).strip().removeprefix(": ").removeprefix("org.apache.spark.SparkException: ")
-    return text or repr(exc)
+def summary(error: BaseException | str, first_line: bool = False) -> str:
+    """What a JVM error says, without py4j's preamble, the JVM's stack frames or Spark's exception class.
+
+    For py4j's errors, Spark's exceptions in a message, and the JVM's own last words alike; ``first_line``: only
+    the first line of it (the message of the outermost exception).
+    """
+    lines = [
+        line for line in str(error).splitlines()
+        if line.strip() and not _JVM_FRAME.match(line) and not line.startswith(_PY4J_CALL)
+    ]
+    text = "\n".join(lines[:1] if first_line else lines).strip()
+    for prefix in _JVM_PREFIXES:
+        text = text.removeprefix(prefix)
+    if text:
+        return text
+    return repr(error) if isinstance(error, BaseException) else str(error).strip()
 
 
 def default_executor_python(master: str) -> None:
@@ -94,21 +110,46 @@ def master_web_ui(sc: SparkContext) -> str | None:
     return f"http://{masters[0][0]}:{MASTER_WEB_UI_PORT}" if masters else None
 
 
+_fetched: dict[tuple[str, str], tuple[float, dict[str, Any] | None, str]] = {}
+_fetched_lock = threading.Lock()
+
+
+def _fetch_master_state(master: str, ui: str, timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """The state at ``ui``/json/ if it is ``master``'s, else None and why not."""
+    try:
+        with urllib.request.urlopen(f"{ui}/json/", timeout=timeout) as resp:
+            state = json.load(resp)
+    except (OSError, ValueError) as exc:
+        return None, f"{ui}/json/ did not answer with the master's state ({exc})"
+    if not isinstance(state, dict) or not isinstance(state.get("workers"), list):
+        return None, f"{ui}/json/ is not a Spark master's state"
+    ours = {f"{host}:{port}" for host, port in standalone_masters(master)}
+    theirs = {entry.strip() for entry in str(state.get("url", "")).removeprefix("spark://").split(",")}
+    if not ours & theirs:
+        return None, f"{ui}/json/ is the state of another master ({state.get('url')})"
+    return state, ""
+
+
+def master_state_or_why(sc: SparkContext, timeout: float = 5.0) -> tuple[dict[str, Any] | None, str]:
+    """:func:`master_state`, and when it is None on a standalone master, why (to tell the user what to set).
+
+    A state fetched less than :data:`MASTER_STATE_REUSE_S` ago is reused: one run asks for it several times.
+    """
+    ui = master_web_ui(sc)
+    if ui is None:
+        return None, ""
+    key = (sc.master or "", ui)
+    with _fetched_lock:
+        at, state, why = _fetched.get(key, (-math.inf, None, ""))
+        if time.monotonic() - at >= MASTER_STATE_REUSE_S:
+            state, why = _fetch_master_state(key[0], ui, timeout)
+            _fetched[key] = (time.monotonic(), state, why)
+    return state, why
+
+
 def master_state(sc: SparkContext, timeout: float = 5.0) -> dict[str, Any] | None:
     """The standalone master's ``/json/`` state (workers, cores, applications), or None if it cannot be read.
 
     Checked to be the state of this application's master, not whatever else answers on that port.
     """
-    ui = master_web_ui(sc)
-    if ui is None:
-        return None
-    try:
-        with urllib.request.urlopen(f"{ui}/json/", timeout=timeout) as resp:
-            state = json.load(resp)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(state, dict) or not isinstance(state.get("workers"), list):
-        return None
-    ours = {f"{host}:{port}" for host, port in standalone_masters(sc.master)}
-    theirs = {entry.strip() for entry in str(state.get("url", "")).removeprefix("spark://").split(",")}
-    return state if ours & theirs else None
+    return master_state_or_why(sc, timeout)[0]

@@ -7,6 +7,7 @@ once (from the driver or from other executors) and the ranks on that executor re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -20,12 +21,18 @@ from .address import spark_driver_address
 from .outcome import LaunchFailed
 from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
 from .spark_cluster import is_local, summary
+from .spark_status import BarrierJobStatus
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
     from pyspark.sql import SparkSession
 
+log = logging.getLogger("airflow_provider_hvd.runner")
+
 _TASK_FAILURE_POLL_S = 1.0
+_TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
+
+
 def read_broadcast(payload: Broadcast[bytes]) -> bytes:
     """The job from this executor's copy of the broadcast, not cached in this Python worker afterwards."""
     job = payload.value
@@ -76,6 +83,9 @@ class SparkLauncher:
         self._failure: BaseException | None = None
         self._task_failure: LaunchFailed | None = None
         self._next_poll = 0.0
+        self._status = BarrierJobStatus(self.sc, self.group)
+        self._poll_error_logged = False
+        self._stop_reason: str | None = None
 
     def describe(self) -> str:
         return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
@@ -120,43 +130,62 @@ class SparkLauncher:
         self._thread.start()
 
     def failure(self) -> LaunchFailed | None:
-        """The barrier job's failure, or the first of its tasks that failed (Spark may be about to retry it)."""
-        if self._failure is not None:
-            return LaunchFailed(self.describe(), summary(self._failure), self._failure)
-        if self._task_failure is None and time.monotonic() >= self._next_poll:
+        """The barrier job's failure, or the first of its tasks that failed or was killed from outside (Spark may
+        be about to retry it); polled at most once a second, with the same few py4j calls whatever ``size``."""
+        if (self._failure is not None or self._task_failure is None) and time.monotonic() >= self._next_poll:
             self._next_poll = time.monotonic() + _TASK_FAILURE_POLL_S
-            failed = next(iter(self._failed_tasks().values()), None)
+            self._stop_reason = self._poll()
+        if self._failure is not None:
+            # a task killed from outside (the Spark UI, another thread) says more than "Job 0 cancelled ..."
+            text = summary(self._failure)
+            reason = (None if self._status.failed else self._status.first_failure()) or self._stop_reason
+            if reason is None and "SPARK_JOB_CANCELLED" in text and self.group not in text:
+                reason = f"its job was killed from outside the run: {text}"
+            return LaunchFailed(self.describe(), reason or text, self._failure)
+        if self._task_failure is None:
+            failed = self._stop_reason or self._status.first_failure()
             if failed is not None:
                 self._task_failure = LaunchFailed(self.describe(), failed)
         return self._task_failure
 
-    def _failed_tasks(self) -> dict[tuple[int, int], str]:
-        """Spark's reason for each failed task of this run's job, by (partition, attempt)."""
-        tracker = self.sc.statusTracker()
-        store = self.sc._jsc.sc().statusStore()  # type: ignore[attr-defined]
-        failed = {}
-        for job_id in tracker.getJobIdsForGroup(self.group):
-            job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job else ():
-                stage = tracker.getStageInfo(stage_id)
-                for stage_attempt in range(stage.currentAttemptId + 1 if stage else 0):
-                    tasks = store.taskList(stage_id, stage_attempt, 1 << 20).iterator()
-                    while tasks.hasNext():
-                        info = tasks.next()
-                        if info.status() == "FAILED":
-                            message = info.errorMessage()
-                            failed[(info.index(), info.attempt())] = (
-                                f"Spark task {info.index()} (attempt {info.attempt()}) failed on executor "
-                                f"{info.executorId()} ({info.host()}): "
-                                + (summary(message.get()) if message.isDefined() else "no reason given")
-                            )
-        return failed
+    def _stopped(self) -> str | None:
+        """Why the run cannot go on when the SparkContext has stopped; None while it runs."""
+        try:
+            stopped = self.sc._jsc is None or self.sc._jsc.sc().isStopped()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - its JVM is gone too
+            stopped = True
+        if not stopped:
+            return None
+        return (f"the SparkContext on {self.sc.master} stopped while the ranks ran (stopped by the application, "
+                "or the cluster manager ended the application: see Spark's log above)")
+
+    def _poll(self) -> str | None:
+        """Poll Spark's status store; the reason the run cannot go on when the SparkContext has stopped."""
+        try:
+            self._status.poll()
+        except Exception as exc:  # noqa: BLE001 - py4j's errors, of a SparkContext stopped or of a JVM in trouble
+            stopped = self._stopped()
+            if stopped:
+                return stopped
+            if not self._poll_error_logged:  # the channel still watches the ranks: a nicety is missing, no more
+                self._poll_error_logged = True
+                log.warning("HorovodRunner: could not read the Spark job's task status: %s", summary(exc, first_line=True))
+        return None
 
     def task_failure(self, task: tuple[int, int]) -> str | None:
-        try:
-            return self._failed_tasks().get(task)
-        except Exception:  # noqa: BLE001 - the SparkContext may be gone: the reason is a nicety
-            return None
+        """Spark's reason for ending ``task`` (a lost agent's), waiting a little for it while the job's tasks end."""
+        deadline = time.monotonic() + _TASK_REASON_WAIT_S
+        while self._stopped() is None and self._poll() is None:
+            reason = self._status.reason(task)
+            if reason is not None or time.monotonic() >= deadline:
+                return reason
+            try:
+                if not self._status.tasks_active():
+                    return None
+            except Exception:  # noqa: BLE001 - the SparkContext is stopping: the reason is a nicety
+                return None
+            time.sleep(_TASK_FAILURE_POLL_S / 5)
+        return self._status.reason(task)
 
     def stop(self, cancel: bool) -> None:
         """Wait for the barrier job to end; cancel it first when the run did not complete."""
@@ -165,7 +194,7 @@ class SparkLauncher:
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
         if self._thread.is_alive():
-            self.sc.cancelJobGroup(self.group)
+            self.sc.cancelJobGroup(self.group)  # (Spark's reason for the kills names the group: not a cause)
         self._thread.join(timeout=60)
         if self._payload is not None:
             try:

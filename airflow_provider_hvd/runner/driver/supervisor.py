@@ -121,16 +121,30 @@ class Supervisor:
                 self._say_where_ranks_are(f"the driver was interrupted ({said})")
                 raise
         finally:
-            channel.close()  # agents still connected (the driver was interrupted) end their ranks at once
-            self.launcher.stop(cancel=self._outcome.cause is not None or len(self._outcome.succeeded) < self.size)
-            if self._rendezvous is not None:
-                self._rendezvous.stop()
+            self._clean_up(channel)
         error = run_error(self._outcome, self.launcher.task_failure)
         if error is not None:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
         assert rank0.result is not None
         return cloudpickle.loads(rank0.result)
+
+    def _clean_up(self, channel: DriverChannel) -> None:
+        """Close the channel, end the launch, stop the rendezvous: each whatever the others did, and none of
+        their errors replaces the run's own (they are logged)."""
+        cancel = self._outcome.cause is not None or len(self._outcome.succeeded) < self.size
+        rendezvous = self._rendezvous
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("close the driver channel", channel.close),  # agents still connected end their ranks at once
+            (f"end {self.launcher.describe()}", lambda: self.launcher.stop(cancel=cancel)),
+        ]
+        if rendezvous is not None:
+            steps.append(("stop the Gloo rendezvous", rendezvous.stop))
+        for what, step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("HorovodRunner: could not %s", what)
 
     def _running(self) -> list[AgentConnection]:
         return [conn for conn in self._agents if conn.rank is not None and id(conn) not in self._finished]
