@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from airflow_provider_hvd import RankFailedError, RunStalledError
 from airflow_provider_hvd.runner.agent.activity import is_stall_warning
 from airflow_provider_hvd.runner.driver.kills import describe_kill
 from airflow_provider_hvd.runner.driver.outcome import Cancelled, RankFailed, RunOutcome
+from airflow_provider_hvd.runner.driver.report import abort_reason, run_error
 from airflow_provider_hvd.runner.driver.stalls import Stalled, StalledRank
 from airflow_provider_hvd.runner.shared.messages import Done
 
@@ -33,12 +36,12 @@ def stalled() -> Stalled:
 def test_a_stall_is_the_cause_and_the_ended_ranks_its_consequence():
     outcome = RunOutcome(2)
     outcome.started()
-    assert outcome.record(stalled()) == (
+    assert abort_reason(outcome.record(stalled())) == (
         "the run stalled: no rank wrote output or reported progress for 600s (stall_timeout)"
     )
     assert outcome.record(RankFailed(0, WHERE, ENDED)) is None
     assert outcome.record(Cancelled()) is None
-    error = outcome.error()
+    error = run_error(outcome)
     assert type(error) is RunStalledError
     assert error.ranks == [0, 1] and error.stall_timeout == 600.0
     assert error.stacks == {0: DUMP, 1: "(no stacks: its rank process had already ended)"}
@@ -59,8 +62,9 @@ def test_a_failure_before_the_stall_stays_the_cause():
     outcome = RunOutcome(2)
     outcome.started()
     outcome.record(RankFailed(1, WHERE, Done(exit_code=1, ok=False)))
-    outcome.record(stalled())
-    assert type(outcome.error()) is RankFailedError
+    outcome.record(stalled())  # while the failure's window is open: not a cause of its own
+    outcome.due(now=math.inf)
+    assert type(run_error(outcome)) is RankFailedError
 
 
 OOM = {
@@ -74,8 +78,9 @@ OOM = {
 def test_a_killed_rank_gets_the_likely_cause_after_its_signal():
     outcome = RunOutcome(2)
     outcome.started()
-    outcome.record(RankFailed(1, WHERE, Done(exit_code=-9, ok=False, kill_evidence=OOM), OOM))
-    text = str(outcome.error())
+    outcome.record(RankFailed(1, WHERE, Done(exit_code=-9, ok=False, kill_evidence=OOM), kill_evidence=OOM))
+    outcome.due(now=math.inf)
+    text = str(run_error(outcome))
     assert text.startswith(
         "Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python exception\n"
         "Likely cause: the kernel's OOM killer ended it for memory: its memory cgroup /kubepods/pod1/c1 counted 1 OOM "
