@@ -31,19 +31,19 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "HorovodHook",
     "HorovodRunner",
     "HorovodRunnerError",
+    "HorovodRunnerOperator",
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
     "RunStalledError",
-    "log_to_driver",
-    "log_metrics",
-    "report_checkpoint",
-    "last_checkpoint",
-    "HorovodHook",
-    "HorovodRunnerOperator",
     "horovod_task",
+    "last_checkpoint",
+    "log_metrics",
+    "log_to_driver",
+    "report_checkpoint",
 ]
 
 if TYPE_CHECKING:

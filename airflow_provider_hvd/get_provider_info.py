@@ -12,7 +12,9 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-provider-hvd",
         "name": "Horovod on Spark",
-        "description": "Distributed training with Horovod, launched as a Spark barrier job (sparkdl's HorovodRunner API).",
+        "description": (
+            "Distributed training with Horovod, launched as a Spark barrier job (sparkdl's HorovodRunner API)."
+        ),
         "versions": [__version__],
         "integrations": [
             {"integration-name": "Horovod", "external-doc-url": "https://horovod.readthedocs.io/", "tags": ["software"]}

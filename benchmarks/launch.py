@@ -49,10 +49,7 @@ HOST = "127.0.0.1"
 
 # What a floor rank runs: the same work as `trivial`, with no launcher around it.
 FLOOR_RANK_CODE = (
-    "import torch, horovod.torch as hvd\n"
-    "hvd.init()\n"
-    "hvd.allreduce(torch.ones(1), name='bench')\n"
-    "hvd.shutdown()\n"
+    "import torch, horovod.torch as hvd\nhvd.init()\nhvd.allreduce(torch.ones(1), name='bench')\nhvd.shutdown()\n"
 )
 
 
@@ -82,7 +79,7 @@ def _time_once(method: Method) -> None:
     start = time.perf_counter()
     try:
         method.launch()
-    except Exception as exc:  # a failed method is reported as n/a, the others go on
+    except Exception as exc:  # noqa: BLE001 - a failed method is reported as n/a, the others go on
         method.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         return
     method.times.append(time.perf_counter() - start)
@@ -165,7 +162,7 @@ class FloorLauncher:
             for slot in slots
         ]
         failures = []
-        for slot, proc in zip(slots, procs):
+        for slot, proc in zip(slots, procs, strict=False):
             _, err = proc.communicate(timeout=300)
             if proc.returncode != 0:
                 tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
@@ -188,9 +185,7 @@ def quiet_logging() -> None:
 
 def start_spark() -> SparkSession:
     spark = (
-        SparkSession.builder.master(f"local[{NUM_PROC}]")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+        SparkSession.builder.master(f"local[{NUM_PROC}]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -47,6 +47,8 @@ _PROCESS = psutil.Process()
 
 def _peak_rss() -> Peaks:
     return Peaks(rss=lambda: _PROCESS.memory_info().rss)
+
+
 PRINT_CODE = "import sys\nw = sys.stdout.write\nfor i in range({n}):\n    w(f'{{i}}\\n')\n"
 
 
@@ -140,7 +142,9 @@ def floor(lines: int, log_path: str) -> Result:
             p.wait()
         seconds = time.perf_counter() - started
     relayed = sum(counts)
-    return Result("floor (2 processes -> pipes -> file)", seconds, relayed, 0, RANKS * lines - relayed, rss.growth("rss") / 2**20)
+    return Result(
+        "floor (2 processes -> pipes -> file)", seconds, relayed, 0, RANKS * lines - relayed, rss.growth("rss") / 2**20
+    )
 
 
 def main() -> None:
@@ -169,7 +173,9 @@ def main() -> None:
     print(f"\nrank-log relay: {RANKS} ranks x {args.lines:,} lines, verbosity 'all', lines written to a log file")
     print(f"{'method':38} {'seconds':>8} {'lines/s':>10} {'dropped':>8} {'lost':>5} {'RSS +MB':>8}")
     for r in results:
-        print(f"{r.method:38} {r.seconds:8.1f} {r.lines_per_s:10,.0f} {r.dropped:8,} {r.lost:5,} {r.rss_growth_mb:8.1f}")
+        print(
+            f"{r.method:38} {r.seconds:8.1f} {r.lines_per_s:10,.0f} {r.dropped:8,} {r.lost:5,} {r.rss_growth_mb:8.1f}"
+        )
     floor_rate = results[-1].lines_per_s
     for r in results[:-1]:
         print(f"{r.method}: {r.lines_per_s / floor_rate:.2f}x the floor's rate")

@@ -143,9 +143,7 @@ class DriverTraffic:
         after = self.snapshot()
         with self._lock:
             return sum(
-                sent - before.get(key, 0)
-                for key, sent in after.items()
-                if self._owner.get(key[2]) not in self.pids
+                sent - before.get(key, 0) for key, sent in after.items() if self._owner.get(key[2]) not in self.pids
             )
 
     def close(self) -> None:
@@ -168,8 +166,9 @@ def hvd_spark_launch(np: int) -> Callable[[bytes], list[tuple[int, str]]]:
     return lambda blob: horovod.spark.run(job, kwargs={"blob": blob}, num_proc=np, use_gloo=True, verbose=0)[0]
 
 
-def run_once(launch: Callable[[bytes], Any], blob: bytes, np: int, traffic: DriverTraffic, jvm_pid: int,
-             payload_bytes: int) -> dict[str, Any]:
+def run_once(
+    launch: Callable[[bytes], Any], blob: bytes, np: int, traffic: DriverTraffic, jvm_pid: int, payload_bytes: int
+) -> dict[str, Any]:
     expected = [(len(blob), blob[:8].hex() + blob[-8:].hex())] * np
     before = traffic.snapshot()
     python, jvm = psutil.Process(), psutil.Process(jvm_pid)
@@ -180,12 +179,18 @@ def run_once(launch: Callable[[bytes], Any], blob: bytes, np: int, traffic: Driv
     if result != expected:
         raise RuntimeError(f"the ranks did not all get the argument intact: {result!r}")
     sent = traffic.sent_since(before)
-    return {"seconds": seconds, "sent_mb": sent / MB, "sent_x": sent / payload_bytes if payload_bytes > MB else None,
-            "python_rss_mb": memory.growth("python") / MB, "jvm_rss_mb": memory.growth("jvm") / MB}
+    return {
+        "seconds": seconds,
+        "sent_mb": sent / MB,
+        "sent_x": sent / payload_bytes if payload_bytes > MB else None,
+        "python_rss_mb": memory.growth("python") / MB,
+        "jvm_rss_mb": memory.growth("jvm") / MB,
+    }
 
 
-def measure_cluster(name: str, master: str, np: int, conf: dict[str, str], sizes_mb: list[int], repeats: int
-                    ) -> list[dict[str, Any]]:
+def measure_cluster(
+    name: str, master: str, np: int, conf: dict[str, str], sizes_mb: list[int], repeats: int
+) -> list[dict[str, Any]]:
     import cloudpickle
     from pyspark.sql import SparkSession
 
@@ -203,15 +208,23 @@ def measure_cluster(name: str, master: str, np: int, conf: dict[str, str], sizes
             blob = os.urandom(size_mb * MB) if size_mb else b""
             payload_bytes = len(cloudpickle.dumps(blob))
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-            for method, launch in methods.items():  # warm-up
+            for launch in methods.values():  # warm-up
                 run_once(launch, blob, np, traffic, jvm_pid, payload_bytes)
             for round_no in range(repeats):
                 for method, launch in methods.items():
                     runs[method].append(run_once(launch, blob, np, traffic, jvm_pid, payload_bytes))
                 print(f"{name} {size_mb} MB: round {round_no + 1}/{repeats}", file=sys.stderr, flush=True)
             for method, results in runs.items():
-                rows.append({"cluster": name, "np": np, "size_mb": size_mb, "method": method,
-                             **{key: _median([r[key] for r in results]) for key in results[0]}, "runs": results})
+                rows.append(
+                    {
+                        "cluster": name,
+                        "np": np,
+                        "size_mb": size_mb,
+                        "method": method,
+                        **{key: _median([r[key] for r in results]) for key in results[0]},
+                        "runs": results,
+                    }
+                )
             del blob
     finally:
         traffic.close()
@@ -225,13 +238,29 @@ def _median(values: list[Any]) -> Any:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ("run", "argument", "method", "launch s", "driver sent MB", "× payload", "driver Python RSS +MB",
-            "driver JVM RSS +MB")
+    head = (
+        "run",
+        "argument",
+        "method",
+        "launch s",
+        "driver sent MB",
+        "× payload",
+        "driver Python RSS +MB",
+        "driver JVM RSS +MB",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         times = "n/a" if r["sent_x"] is None else f"{r['sent_x']:.2f}×"
-        cells = (f"np={r['np']} {r['cluster']}", f"{r['size_mb']} MB", r["method"], f"{r['seconds']:.2f}",
-                 f"{r['sent_mb']:.1f}", times, f"{r['python_rss_mb']:.0f}", f"{r['jvm_rss_mb']:.0f}")
+        cells = (
+            f"np={r['np']} {r['cluster']}",
+            f"{r['size_mb']} MB",
+            r["method"],
+            f"{r['seconds']:.2f}",
+            f"{r['sent_mb']:.1f}",
+            times,
+            f"{r['python_rss_mb']:.0f}",
+            f"{r['jvm_rss_mb']:.0f}",
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -63,8 +63,9 @@ def _lines_in_order(run: Run, size: int) -> bool:
 
 
 def measure(agents: int, fail: bool, spread_s: float) -> dict[str, Any]:
-    scenario = Scenario(agents=agents, lines_per_rank=LINES, fail_rank=agents // 2 if fail else None,
-                        connect_spread_s=spread_s)
+    scenario = Scenario(
+        agents=agents, lines_per_rank=LINES, fail_rank=agents // 2 if fail else None, connect_spread_s=spread_s
+    )
     with Peaks(0.005, threads=threading.active_count, rss=lambda: _PROCESS.memory_info().rss) as peaks:
         run = drive(scenario)
     records = run.report.agents
@@ -140,8 +141,13 @@ def spark_calls_per_second(ranks: int, seconds: float) -> float:
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(f"local[{ranks}]").appName("py4j-calls")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark = (
+        SparkSession.builder.master(f"local[{ranks}]")
+        .appName("py4j-calls")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     client = spark.sparkContext._gateway._gateway_client
     me, calls = threading.get_ident(), []
     send = client.send_command
@@ -197,29 +203,47 @@ def main(argv: list[str] | None = None) -> int:
             "np=4 local[4]": spark_calls_per_second(4, args.py4j_seconds),
             "np=1000 stand-in": standin_calls_per_second(1000, args.py4j_seconds),
         }
-        print("supervisor's py4j calls per second while the ranks run: "
-              + ", ".join(f"{k}: {v}" for k, v in figures["py4j_calls_per_s"].items()))
+        print(
+            "supervisor's py4j calls per second while the ranks run: "
+            + ", ".join(f"{k}: {v}" for k, v in figures["py4j_calls_per_s"].items())
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 
 def format_table(figures: dict[str, Any]) -> str:
-    head = ("agents", "all started", "lines in order", "last hello → all started s", "abort fan-out s",
-            "failure → run() raised s", "driver threads", "driver RSS growth MB")
+    head = (
+        "agents",
+        "all started",
+        "lines in order",
+        "last hello → all started s",
+        "abort fan-out s",
+        "failure → run() raised s",
+        "driver threads",
+        "driver RSS growth MB",
+    )
     rows = [head]
     for agents, size in figures["sizes"].items():
         ok, fail = size["ok"], size["fail"]
-        rows.append((
-            f"{agents:,}", str(ok["all_started"] and fail["all_started"]),
-            str(ok["lines_in_order"] and fail["lines_in_order"]), _fmt(ok["started_s"]), _fmt(fail["abort_s"]),
-            _fmt(fail["raised_s"]), f"+{max(ok['threads'] or 0, fail['threads'] or 0):.0f}",
-            _fmt(max(ok["rss_mb"], fail["rss_mb"]), 1),
-        ))
+        rows.append(
+            (
+                f"{agents:,}",
+                str(ok["all_started"] and fail["all_started"]),
+                str(ok["lines_in_order"] and fail["lines_in_order"]),
+                _fmt(ok["started_s"]),
+                _fmt(fail["abort_s"]),
+                _fmt(fail["raised_s"]),
+                f"+{max(ok['threads'] or 0, fail['threads'] or 0):.0f}",
+                _fmt(max(ok["rss_mb"], fail["rss_mb"]), 1),
+            )
+        )
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "---|" * len(head))
-    goals = (f"goal at 1,000: started ≤ {GOALS['started_s']} s, aborted ≤ {GOALS['abort_s']} s, "
-             f"RSS < {GOALS['rss_mb']:.0f} MB")
+    goals = (
+        f"goal at 1,000: started ≤ {GOALS['started_s']} s, aborted ≤ {GOALS['abort_s']} s, "
+        f"RSS < {GOALS['rss_mb']:.0f} MB"
+    )
     return "\n".join([f"driver at scale (medians; agents connect over {figures['spread_s']} s)", *lines, goals])
 
 

@@ -55,13 +55,16 @@ class Variant:
 
 
 def cpu_variant() -> Variant:
-    return Variant("cpu", {
-        "HOROVOD_WITH_PYTORCH": "1",
-        "HOROVOD_WITH_GLOO": "1",
-        "HOROVOD_WITHOUT_MPI": "1",
-        "HOROVOD_WITHOUT_TENSORFLOW": "1",
-        "HOROVOD_WITHOUT_MXNET": "1",
-    })
+    return Variant(
+        "cpu",
+        {
+            "HOROVOD_WITH_PYTORCH": "1",
+            "HOROVOD_WITH_GLOO": "1",
+            "HOROVOD_WITHOUT_MPI": "1",
+            "HOROVOD_WITHOUT_TENSORFLOW": "1",
+            "HOROVOD_WITHOUT_MXNET": "1",
+        },
+    )
 
 
 def nccl_variant(target: Target) -> Variant:
@@ -99,8 +102,10 @@ def probe(python: str) -> Target:
     )
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise InstallError(f"torch must be installed in {python}'s environment before horovod (it is built against "
-                           f"it): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        raise InstallError(
+            f"torch must be installed in {python}'s environment before horovod (it is built against "
+            f"it): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+        )
     torch_version, cuda, py_tag, nccl_dir = proc.stdout.split("\n")[:4]
     return Target(python, torch_version, cuda or None, py_tag, nccl_dir or None)
 
@@ -133,20 +138,50 @@ def raise_cxx_standard(src: Path) -> None:
 
 def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
     check_toolchain()
-    print(f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against torch "
-          f"{target.torch_version} (about 5 minutes on 2 cores)...", flush=True)
+    print(
+        f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against torch "
+        f"{target.torch_version} (about 5 minutes on 2 cores)...",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as work_dir:
         work = Path(work_dir)
-        subprocess.run([target.python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        f"horovod=={HOROVOD_VERSION}", "-d", str(work)], check=True)
+        subprocess.run(
+            [
+                target.python,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"horovod=={HOROVOD_VERSION}",
+                "-d",
+                str(work),
+            ],
+            check=True,
+        )
         with tarfile.open(work / f"horovod-{HOROVOD_VERSION}.tar.gz") as sdist:
             sdist.extractall(work, filter="data")
         src = work / f"horovod-{HOROVOD_VERSION}"
         raise_cxx_standard(src)
         nccl = nccl_of_torch(target, work) if "HOROVOD_GPU_OPERATIONS" in variant.env else {}
         env = {**os.environ, **variant.env, **nccl, "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
-        proc = subprocess.run([target.python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                               "-w", str(work / "dist"), str(src)], env=env)
+        proc = subprocess.run(
+            [
+                target.python,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(work / "dist"),
+                str(src),
+            ],
+            env=env,
+        )
         if proc.returncode != 0:
             raise InstallError("building horovod failed (see the compiler output above).")
         built = next((work / "dist").glob("horovod-*.whl"))

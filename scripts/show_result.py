@@ -16,9 +16,13 @@ def main(dag_id: str, task_id: str) -> int:
         if run is None:
             print(f"no run of {dag_id}", file=sys.stderr)
             return 1
-        row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag_id, task_ids=task_id, key="return_value")).first()
+        row = session.scalars(
+            XComModel.get_many(run_id=run.run_id, dag_ids=dag_id, task_ids=task_id, key="return_value")
+        ).first()
         print(f"\nDag run {run.run_id}: {run.state}")
-        print(f"Rank 0's result (XCom return_value of {task_id!r}): {XComModel.deserialize_value(row) if row else None}")
+        print(
+            f"Rank 0's result (XCom return_value of {task_id!r}): {XComModel.deserialize_value(row) if row else None}"
+        )
         return 0 if run.state == "success" else 1
 
 

@@ -55,7 +55,11 @@ class AirflowDeployment:
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "airflow"), "standalone"],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.home, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.home,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while not self._ready(dag_ids):

@@ -15,7 +15,10 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 # the example DAGs and the tests' own, in one DAGs folder (dag.test() re-reads DAGs from it)
 _DAGS = _AIRFLOW_HOME / "dags"
 _DAGS.mkdir()
-for _dag_file in [*Path(__file__).resolve().parent.parent.glob("dags/*.py"), *Path(__file__).resolve().parent.glob("dags/*.py")]:
+for _dag_file in [
+    *Path(__file__).resolve().parent.parent.glob("dags/*.py"),
+    *Path(__file__).resolve().parent.glob("dags/*.py"),
+]:
     (_DAGS / _dag_file.name).symlink_to(_dag_file)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"

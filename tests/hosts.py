@@ -57,7 +57,9 @@ def _networks_in_use() -> list[ipaddress.IPv4Network]:
     used = []
     for line in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines():
         used.append(ipaddress.ip_interface(line.split()[3]).network)
-    for line in subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout.splitlines():
+    for line in subprocess.run(
+        ["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True
+    ).stdout.splitlines():
         dest = line.split()[0]
         if dest in ("default", "broadcast", "local", "unreachable", "blackhole", "prohibit"):
             dest = line.split()[1] if dest != "default" else "0.0.0.0/32"  # a default route is not a network to avoid
@@ -115,7 +117,9 @@ class Hosts:
 
     _made_here = 0
 
-    def __init__(self, workdir: Path, cores: list[int], gpus: list[int] | None = None, worker_memory: str = "1g") -> None:
+    def __init__(
+        self, workdir: Path, cores: list[int], gpus: list[int] | None = None, worker_memory: str = "1g"
+    ) -> None:
         self.workdir = workdir
         Hosts._made_here += 1  # a second set in this process gets names of its own
         self.tag = f"{os.getpid()}{chr(ord('a') + Hosts._made_here % 26)}"
@@ -125,8 +129,16 @@ class Hosts:
         self.bridge = f"hvb{self.tag}"
         gpus = gpus or [0] * len(cores)
         self.hosts = [
-            Host(i, f"host-{i}", f"hvd{self.tag}h{i}", str(addresses[i + 1]), IFACE_NAMES[i % len(IFACE_NAMES)],
-                 f"hv{self.tag}v{i}", cores[i], gpus[i])
+            Host(
+                i,
+                f"host-{i}",
+                f"hvd{self.tag}h{i}",
+                str(addresses[i + 1]),
+                IFACE_NAMES[i % len(IFACE_NAMES)],
+                f"hv{self.tag}v{i}",
+                cores[i],
+                gpus[i],
+            )
             for i in range(len(cores))
         ]
         self.spark_home = Path(pyspark.__file__).parent
@@ -158,7 +170,9 @@ class Hosts:
                 self._spawn_worker(host)
             deadline = time.monotonic() + timeout
             while self.alive_workers() < len(self.hosts):
-                dead = [p for p in [self._master, *(h.worker for h in self.hosts)] if p is not None and p.poll() is not None]
+                dead = [
+                    p for p in [self._master, *(h.worker for h in self.hosts)] if p is not None and p.poll() is not None
+                ]
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(f"the Spark cluster on the namespace hosts did not come up; see {self.workdir}")
                 time.sleep(0.5)
@@ -173,8 +187,10 @@ class Hosts:
         _write_sysctl(f"net/ipv6/conf/{self.bridge}/disable_ipv6", "1")
         _ip("addr", "add", f"{self.driver_address}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
-        etc_hosts = "127.0.0.1 localhost\n" + f"{self.driver_address} {DRIVER_NAME}\n" + "".join(
-            f"{h.address} {h.name}\n" for h in self.hosts
+        etc_hosts = (
+            "127.0.0.1 localhost\n"
+            + f"{self.driver_address} {DRIVER_NAME}\n"
+            + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
         )
         for host in self.hosts:
             _ip("netns", "add", host.netns)
@@ -198,22 +214,60 @@ class Hosts:
     def _spawn_master(self) -> None:
         with open(self.workdir / "master.log", "wb") as log:
             self._master = subprocess.Popen(
-                [str(self.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
-                 "--host", self.driver_address, "--port", str(self.port), "--webui-port", str(self.ui_port)],
-                stdout=log, stderr=subprocess.STDOUT, env=self._env(self.driver_address), start_new_session=True,
+                [
+                    str(self.spark_home / "bin" / "spark-class"),
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    self.driver_address,
+                    "--port",
+                    str(self.port),
+                    "--webui-port",
+                    str(self.ui_port),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env(self.driver_address),
+                start_new_session=True,
             )
 
     def _spawn_worker(self, host: Host) -> None:
         work = self.workdir / host.name
         work.mkdir(parents=True, exist_ok=True)
-        command = [str(self.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker", self.url,
-                   "--host", host.address, "--cores", str(host.cores), "--memory", self.worker_memory,
-                   "--webui-port", "8081", "--work-dir", str(work), *self._gpu_properties(host, work)]
+        command = [
+            str(self.spark_home / "bin" / "spark-class"),
+            "org.apache.spark.deploy.worker.Worker",
+            self.url,
+            "--host",
+            host.address,
+            "--cores",
+            str(host.cores),
+            "--memory",
+            self.worker_memory,
+            "--webui-port",
+            "8081",
+            "--work-dir",
+            str(work),
+            *self._gpu_properties(host, work),
+        ]
         with open(self.workdir / f"{host.name}.log", "wb") as log:
             host.worker = subprocess.Popen(
-                ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c",
-                 f'hostname {host.name} && exec "$@"', "sh", *command],
-                stdout=log, stderr=subprocess.STDOUT, env=self._env(host.address), start_new_session=True,
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host.netns,
+                    "unshare",
+                    "--uts",
+                    "sh",
+                    "-c",
+                    f'hostname {host.name} && exec "$@"',
+                    "sh",
+                    *command,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env(host.address),
+                start_new_session=True,
             )
 
     @staticmethod
@@ -225,7 +279,9 @@ class Hosts:
         script.write_text(f"#!/bin/sh\necho '{json.dumps({'name': 'gpu', 'addresses': addresses})}'\n")
         script.chmod(0o755)
         properties = work / "worker.properties"
-        properties.write_text(f"spark.worker.resource.gpu.amount {host.gpus}\nspark.worker.resource.gpu.discoveryScript {script}\n")
+        properties.write_text(
+            f"spark.worker.resource.gpu.amount {host.gpus}\nspark.worker.resource.gpu.discoveryScript {script}\n"
+        )
         return ["--properties-file", str(properties)]
 
     def alive_workers(self) -> int:

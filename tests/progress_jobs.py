@@ -95,6 +95,13 @@ def keras_fit_resumable(path: str, epochs: int) -> dict:
         model = keras.models.load_model(checkpoint["path"])
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     y = (x[:, 0] > 0).astype("float32")
-    history = model.fit(x, y, epochs=epochs, initial_epoch=checkpoint["epoch"] if checkpoint else 0, batch_size=16,
-                        verbose=0, callbacks=[LogCallback(), CheckpointCallback(path)])
+    history = model.fit(
+        x,
+        y,
+        epochs=epochs,
+        initial_epoch=checkpoint["epoch"] if checkpoint else 0,
+        batch_size=16,
+        verbose=0,
+        callbacks=[LogCallback(), CheckpointCallback(path)],
+    )
     return {"epochs_run": [epoch + 1 for epoch in history.epoch]}

@@ -114,8 +114,18 @@ class _Agent:
             writer.write(answer)
             if await asyncio.wait_for(reader.readexactly(PROOF_BYTES), give_up) != driver_proof:
                 raise RuntimeError("the driver did not prove the secret")
-            writer.write(frame(Hello(host=host, pid=os.getpid(), executor=f"sim-{self.index}", partition=self.index,
-                                     attempt=0, cpus=1)))
+            writer.write(
+                frame(
+                    Hello(
+                        host=host,
+                        pid=os.getpid(),
+                        executor=f"sim-{self.index}",
+                        partition=self.index,
+                        attempt=0,
+                        cpus=1,
+                    )
+                )
+            )
             beats = asyncio.create_task(self._beat(writer))  # as a real agent's heartbeats
             self.record["hello"] = time.monotonic()
             start = await self._next(reader)
@@ -228,8 +238,12 @@ class SimulatedLauncher:
 
     def start(self, args: AgentArgs, payload: bytes | None = None) -> None:
         self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        config = {"host": args.driver_host, "port": args.port, "secret": args.secret.hex(),
-                  "scenario": asdict(self.scenario)}
+        config = {
+            "host": args.driver_host,
+            "port": args.port,
+            "secret": args.secret.hex(),
+            "scenario": asdict(self.scenario),
+        }
         assert self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(config).encode() + b"\n")
         self._proc.stdin.close()

@@ -56,7 +56,10 @@ class StandaloneCluster:
         self._procs.append(
             subprocess.Popen(
                 [str(self.spark_home / "bin" / "spark-class"), *args],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         )
 
@@ -68,14 +71,35 @@ class StandaloneCluster:
             return 0
 
     def start(self, timeout: float = 120.0) -> StandaloneCluster:
-        self._spawn("master", "org.apache.spark.deploy.master.Master",
-                    "--host", LOOPBACK, "--port", str(self.port), "--webui-port", str(self.ui_port))
+        self._spawn(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
         for i in range(self._workers):
             work = self.workdir / f"worker-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            self._spawn(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", self.url,
-                        "--host", LOOPBACK, "--cores", str(self._cores), "--memory", "2g",
-                        "--webui-port", str(free_port()), "--work-dir", str(work), *self._gpu_properties(i))
+            self._spawn(
+                f"worker-{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                self.url,
+                "--host",
+                LOOPBACK,
+                "--cores",
+                str(self._cores),
+                "--memory",
+                "2g",
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(work),
+                *self._gpu_properties(i),
+            )
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self._workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):

@@ -94,26 +94,38 @@ class StandInSparkContext:
 
         def task(index: int) -> _Java:
             reason = "boom" if index in job.failed else job.kill_reason
-            return _Java(calls, index=index, attempt=0, status=status(index), executorId=str(index % 250),
-                         host=f"10.0.{index // 250}.1",
-                         errorMessage=SimpleNamespace(isDefined=lambda: True, get=lambda: reason))
+            return _Java(
+                calls,
+                index=index,
+                attempt=0,
+                status=status(index),
+                executorId=str(index % 250),
+                host=f"10.0.{index // 250}.1",
+                errorMessage=SimpleNamespace(isDefined=lambda: True, get=lambda: reason),
+            )
 
         def task_list(stage_id: int, attempt: int, *args: Any) -> _Java:
             if len(args) == 1:  # taskList(stage, attempt, maxTasks): every task
                 chosen = list(range(job.tasks))
             else:  # taskList(stage, attempt, offset, length, sortBy, statuses): filtered in the JVM
                 offset, length, _, statuses = args
-                chosen = [i for i in range(job.tasks) if status(i) in statuses][offset:offset + length]
+                chosen = [i for i in range(job.tasks) if status(i) in statuses][offset : offset + length]
             return _Java(calls, iterator=lambda: _iterator(calls, [task(i) for i in chosen]))
 
         jtracker = _Java(
             calls,
             getJobIdsForGroup=lambda group: _JavaArray(calls, [job.job_id] if group == job.group else []),
-            getJobInfo=lambda job_id: _Java(calls, jobId=job_id, stageIds=_JavaArray(calls, [job.stage_id]),
-                                            status="RUNNING"),
+            getJobInfo=lambda job_id: _Java(
+                calls, jobId=job_id, stageIds=_JavaArray(calls, [job.stage_id]), status="RUNNING"
+            ),
             getStageInfo=lambda stage_id: _Java(
-                calls, stageId=stage_id, currentAttemptId=0, name="barrier", numTasks=job.tasks,
-                numActiveTasks=job.tasks - len(job.failed | job.killed), numCompletedTasks=0,
+                calls,
+                stageId=stage_id,
+                currentAttemptId=0,
+                name="barrier",
+                numTasks=job.tasks,
+                numActiveTasks=job.tasks - len(job.failed | job.killed),
+                numCompletedTasks=0,
                 numFailedTasks=len(job.failed),
             ),
         )
@@ -121,17 +133,24 @@ class StandInSparkContext:
             calls,
             taskList=task_list,
             lastStageAttempt=lambda stage_id: _Java(
-                calls, attemptId=0, numFailedTasks=len(job.failed), numKilledTasks=len(job.killed),
+                calls,
+                attemptId=0,
+                numFailedTasks=len(job.failed),
+                numKilledTasks=len(job.killed),
                 numActiveTasks=job.tasks - len(job.failed | job.killed),
             ),
         )
         self._jsc = _Java(calls, statusTracker=jtracker, sc=_Java(calls, statusStore=store))
-        v1 = SimpleNamespace(TaskStatus=SimpleNamespace(FAILED="FAILED", KILLED="KILLED"),
-                             TaskSorting=SimpleNamespace(ID="ID"))
+        v1 = SimpleNamespace(
+            TaskStatus=SimpleNamespace(FAILED="FAILED", KILLED="KILLED"), TaskSorting=SimpleNamespace(ID="ID")
+        )
         collections = SimpleNamespace(singletonList=lambda item: [item])
-        self._jvm = SimpleNamespace(org=SimpleNamespace(apache=SimpleNamespace(spark=SimpleNamespace(
-            status=SimpleNamespace(api=SimpleNamespace(v1=v1))))),
-            java=SimpleNamespace(util=SimpleNamespace(Collections=collections)))
+        self._jvm = SimpleNamespace(
+            org=SimpleNamespace(
+                apache=SimpleNamespace(spark=SimpleNamespace(status=SimpleNamespace(api=SimpleNamespace(v1=v1))))
+            ),
+            java=SimpleNamespace(util=SimpleNamespace(Collections=collections)),
+        )
         self._jtracker = jtracker
 
     def getConf(self) -> Any:

@@ -45,7 +45,9 @@ def xcom(run, task_id: str, key: str = "return_value"):
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)).first()
+        row = session.scalars(
+            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
+        ).first()
         return XComModel.deserialize_value(row) if row is not None else None
 
 
@@ -66,8 +68,10 @@ def test_operator_example_relays_every_line(example_dags, caplog):
     assert not xcom(run, "allreduce", "_link_SparkUILink")  # local[2]: no page outlives the task, so no link
     relayed = {r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"}
     assert relayed == {
-        "[rank 0] rank 0 of 2 holds 1.0", "[rank 0] rank 0 sees the average 2.0",
-        "[rank 1] rank 1 of 2 holds 3.0", "[rank 1] rank 1 sees the average 2.0",
+        "[rank 0] rank 0 of 2 holds 1.0",
+        "[rank 0] rank 0 sees the average 2.0",
+        "[rank 1] rank 1 of 2 holds 3.0",
+        "[rank 1] rank 1 sees the average 2.0",
     }
 
 
@@ -111,7 +115,10 @@ def test_airflow_tasks_test_from_the_command_line():
     env = {**os.environ, "AIRFLOW_CONN_SPARK_DEFAULT": LOCAL2}
     proc = subprocess.run(
         [sys.executable, "-m", "airflow", "tasks", "test", "horovod_operator_example", "allreduce"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

@@ -25,7 +25,9 @@ def airflow(standalone_cluster, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-deployment")
     # a spark connection as the connection form invites: the scheme in Host, the port in its own field
     spark_default = {
-        "conn_type": "spark", "host": "spark://127.0.0.1", "port": standalone_cluster.port,
+        "conn_type": "spark",
+        "host": "spark://127.0.0.1",
+        "port": standalone_cluster.port,
         "extra": {"spark.executor.cores": "1", **standalone_cluster.app_conf},
     }
     unreachable = {"conn_type": "spark", "host": "spark://127.0.0.1", "port": free_port()}
@@ -55,8 +57,12 @@ def test_training_run_succeeds_with_both_ranks_in_the_task_log(airflow, runs):
     records = airflow.task_log(EXAMPLE, run_id, "allreduce")
     assert state == "success", log_text(records)
     events = [r.get("event") for r in records]
-    both_ranks = ["[rank 0] rank 0 of 2 holds 1.0", "[rank 1] rank 1 of 2 holds 3.0",
-                  "[rank 0] rank 0 sees the average 2.0", "[rank 1] rank 1 sees the average 2.0"]
+    both_ranks = [
+        "[rank 0] rank 0 of 2 holds 1.0",
+        "[rank 1] rank 1 of 2 holds 3.0",
+        "[rank 0] rank 0 sees the average 2.0",
+        "[rank 1] rank 1 sees the average 2.0",
+    ]
     assert not [line for line in both_ranks if line not in events], log_text(records)
     assert airflow.xcom(EXAMPLE, run_id, "allreduce") == {"average": 2.0, "size": 2}
 
@@ -97,8 +103,9 @@ def test_an_unreachable_master_fails_with_one_sentence(airflow, runs):
     assert "\tat " not in text and "Py4J" not in text, text  # no JVM stack trace
 
 
-def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(airflow, runs, standalone_cluster,
-                                                                             tmp_path):
+def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(
+    airflow, runs, standalone_cluster, tmp_path
+):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     run_id = airflow.trigger("hvd_on_kill", {"pid_dir": str(pid_dir)})
@@ -119,4 +126,3 @@ def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(air
 def active_apps(cluster) -> list[str]:
     with urllib.request.urlopen(f"{cluster.web_ui}/json/", timeout=5) as resp:
         return [app["name"] for app in json.load(resp)["activeapps"]]
-

@@ -84,8 +84,9 @@ def with_defaults(text: str) -> str:
 
 def spark_connection(services: dict) -> tuple[str, dict[str, str]]:
     env = services["airflow-scheduler"]["environment"]
-    return master_from_connection(Connection.from_json(with_defaults(env["AIRFLOW_CONN_SPARK_DEFAULT"]),
-                                                       conn_id="spark_default"))
+    return master_from_connection(
+        Connection.from_json(with_defaults(env["AIRFLOW_CONN_SPARK_DEFAULT"]), conn_id="spark_default")
+    )
 
 
 def test_the_executors_can_reach_the_driver_and_the_link_its_master(compose):
@@ -117,8 +118,12 @@ def test_the_driver_listens_on_every_interface_at_fixed_ports_that_are_published
     services = compose["services"]
     _, conf = spark_connection(services)
     assert conf["spark.driver.bindAddress"] == "0.0.0.0"
-    keys = ["spark.driver.port", "spark.driver.blockManager.port", "spark.horovodRunner.channelPort",
-            "spark.horovodRunner.rendezvousPort"]
+    keys = [
+        "spark.driver.port",
+        "spark.driver.blockManager.port",
+        "spark.horovodRunner.channelPort",
+        "spark.horovodRunner.rendezvousPort",
+    ]
     ports = [int(conf[key]) for key in keys]
     assert len(set(ports)) == len(keys) and all(ports)
     assert published_ports(services["airflow-scheduler"]) == set(ports)
@@ -140,10 +145,14 @@ def test_the_dockerfile_has_no_amd64_paths_and_dependencies_before_the_source(in
     text = "\n".join(i.original for i in instructions)  # not the comments
     assert "amd64" not in text and "/usr/lib/jvm/" not in text
     env = [i.value for i in instructions if i.cmd == "ENV"]
-    assert any(("JAVA_HOME", "/opt/java") == pair for value in env for pair in zip(value[::2], value[1::2]))
+    pairs = [pair for value in env for pair in zip(value[::2], value[1::2], strict=False)]
+    assert ("JAVA_HOME", "/opt/java") in pairs
     source = next(n for n, i in enumerate(instructions) if i.cmd == "COPY" and i.value[0] == ".")
-    dependencies = [n for n, i in enumerate(instructions) if i.cmd == "RUN" and "pip install" in i.original
-                    and "/opt/airflow-provider-hvd" not in i.original]
+    dependencies = [
+        n
+        for n, i in enumerate(instructions)
+        if i.cmd == "RUN" and "pip install" in i.original and "/opt/airflow-provider-hvd" not in i.original
+    ]
     assert dependencies and max(dependencies) < source
     for i in instructions:  # what the Dockerfile copies is in the repository and in the build context
         if i.cmd == "COPY" and not any(f.startswith("--from") for f in i.flags):

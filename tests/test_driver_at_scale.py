@@ -79,7 +79,9 @@ print(run.error or run.value, resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 40
 def test_a_low_open_files_limit_is_raised_for_a_large_run():
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LOW_LIMIT_RUN.format(tests=str(TESTS)))],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[-2] == "{'ranks': '400'} True"

@@ -43,7 +43,7 @@ class PortForwarder:
         self._closed = False
         self._sockets: list[socket.socket] = []
         self._servers = [socket.create_server((public, port)) for port in ports]
-        for server, port in zip(self._servers, ports):
+        for server, port in zip(self._servers, ports, strict=False):
             server.settimeout(0.2)
             threading.Thread(target=self._accept, args=(server, port), daemon=True).start()
 
@@ -93,12 +93,20 @@ def published():
 
 @pytest.fixture(scope="module")
 def spark(standalone_cluster, published):
-    session = make_session(standalone_cluster.url, **{
-        **standalone_cluster.app_conf, "spark.executor.cores": "1", "spark.cores.max": "2",
-        "spark.driver.host": ADVERTISED, "spark.driver.bindAddress": LOOPBACK,
-        "spark.driver.port": str(PORTS["driver"]), "spark.driver.blockManager.port": str(PORTS["block_manager"]),
-        CHANNEL_PORT_CONF: str(PORTS["channel"]), RENDEZVOUS_PORT_CONF: str(PORTS["rendezvous"]),
-    })
+    session = make_session(
+        standalone_cluster.url,
+        **{
+            **standalone_cluster.app_conf,
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
+            "spark.driver.host": ADVERTISED,
+            "spark.driver.bindAddress": LOOPBACK,
+            "spark.driver.port": str(PORTS["driver"]),
+            "spark.driver.blockManager.port": str(PORTS["block_manager"]),
+            CHANNEL_PORT_CONF: str(PORTS["channel"]),
+            RENDEZVOUS_PORT_CONF: str(PORTS["rendezvous"]),
+        },
+    )
     yield session
     session.stop()
 
@@ -114,8 +122,11 @@ def rendezvous_seen_by_rank() -> dict:
 
     hvd.init()
     total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
-    return {"addr": os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], "port": int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
-            "sum": total}
+    return {
+        "addr": os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+        "port": int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+        "sum": total,
+    }
 
 
 def test_a_run_reaches_the_driver_at_its_advertised_address_and_fixed_ports(spark, published, caplog):
@@ -141,8 +152,11 @@ def test_a_second_run_at_once_cannot_have_the_fixed_port(spark, pid_dir):
     jobs = jobs_started(spark)
     started = time.monotonic()
     channel = PORTS["channel"]
-    with pytest.raises(LaunchError, match=rf"on {LOOPBACK}:{channel} \({CHANNEL_PORT_CONF}={channel}\): the port is "
-                       "in use, by another process or by another HorovodRunner run"):
+    with pytest.raises(
+        LaunchError,
+        match=rf"on {LOOPBACK}:{channel} \({CHANNEL_PORT_CONF}={channel}\): the port is "
+        "in use, by another process or by another HorovodRunner run",
+    ):
         HorovodRunner(np=2, slot_wait_timeout=60).run(sleep_and_record, pid_dir=pid_dir)  # not after a wait for slots
     assert time.monotonic() - started < 10
     assert jobs_started(spark) == jobs
@@ -172,17 +186,26 @@ def test_the_two_fixed_ports_must_differ():
 
 
 def test_a_local_master_listens_on_loopback_at_the_fixed_ports():
-    conf = {"spark.driver.host": "10.1.2.3", "spark.driver.bindAddress": "0.0.0.0",
-            CHANNEL_PORT_CONF: "7100", RENDEZVOUS_PORT_CONF: "7101"}
+    conf = {
+        "spark.driver.host": "10.1.2.3",
+        "spark.driver.bindAddress": "0.0.0.0",
+        CHANNEL_PORT_CONF: "7100",
+        RENDEZVOUS_PORT_CONF: "7101",
+    }
     driver = spark_driver_address(conf.get, local=True)
     assert (driver.advertised, driver.bind, driver.channel_port, driver.rendezvous_port) == (
-        LOOPBACK, LOOPBACK, 7100, 7101)
+        LOOPBACK,
+        LOOPBACK,
+        7100,
+        7101,
+    )
     assert spark_driver_address({}.get, local=False).channel_port == 0  # unset: any free port
 
 
 def test_a_bind_address_of_another_host_is_named():
-    driver = spark_driver_address({"spark.driver.host": "driver.example", "spark.driver.bindAddress": "192.0.2.1"}.get,
-                                  local=False)
+    driver = spark_driver_address(
+        {"spark.driver.host": "driver.example", "spark.driver.bindAddress": "192.0.2.1"}.get, local=False
+    )
     with pytest.raises(LaunchError, match=r"on 192\.0\.2\.1:0 \(spark\.driver\.bindAddress=192\.0\.2\.1\): ") as info:
         driver.listen(CHANNEL, lambda host, port: DriverChannel(host, b"s" * 32, port=port))
     assert info.value.__cause__.errno == errno.EADDRNOTAVAIL

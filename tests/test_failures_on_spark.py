@@ -52,9 +52,11 @@ def sleep_with_a_detached_child(pid_dir: str) -> None:
 
 def test_a_lost_agent_is_named_with_its_executor_and_sparks_reason(spark_retrying, pid_dir):
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(
-        error=pytest.raises(RankFailedError, HorovodRunner(np=2).run, sleep_with_a_detached_child, pid_dir=pid_dir)
-    ))
+    thread = threading.Thread(
+        target=lambda: outcome.update(
+            error=pytest.raises(RankFailedError, HorovodRunner(np=2).run, sleep_with_a_detached_child, pid_dir=pid_dir)
+        )
+    )
     thread.start()
     ranks = wait_for_pids(pid_dir, 2)
     children = [int(p.read_text()) for p in sorted(Path(pid_dir).glob("child-*.pid"))]
@@ -65,8 +67,11 @@ def test_a_lost_agent_is_named_with_its_executor_and_sparks_reason(spark_retryin
     assert not thread.is_alive()
     error = outcome["error"].value
     assert error.rank == 1
-    assert re.search(r"Horovod rank 1 of 2 failed: its agent in Spark task \d \(attempt 0\) on executor \S+ \(127.0.0.1\) "
-                     r"was lost", str(error))
+    assert re.search(
+        r"Horovod rank 1 of 2 failed: its agent in Spark task \d \(attempt 0\) on executor \S+ \(127.0.0.1\) "
+        r"was lost",
+        str(error),
+    )
     assert "Python worker exited unexpectedly" in str(error)  # Spark's own reason, not the driver's cancellation
     assert "SPARK_JOB_CANCELLED" not in str(error)
     assert_all_gone(ranks + children, within=10)  # the children that left the rank's process group too
@@ -77,9 +82,11 @@ def test_a_lost_agent_is_named_with_its_executor_and_sparks_reason(spark_retryin
 def test_cancel_gives_run_cancelled_on_spark_and_the_runner_runs_again(spark_retrying, pid_dir):
     runner = HorovodRunner(np=2)
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(
-        error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
-    ))
+    thread = threading.Thread(
+        target=lambda: outcome.update(
+            error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
+        )
+    )
     thread.start()
     pids = wait_for_pids(pid_dir, 2)
     runner.cancel()
@@ -141,7 +148,9 @@ def test_a_package_missing_on_the_executors_is_named_at_once(spark_retrying, tmp
     spark = make_session("local[2,4]", **{"spark.executorEnv.PYTHONPATH": str(broken)})
     try:
         started = time.monotonic()
-        with pytest.raises(LaunchError, match=r"(?s)local\[2,4\] failed: .*ModuleNotFoundError: No module named 'psutil'"):
+        with pytest.raises(
+            LaunchError, match=r"(?s)local\[2,4\] failed: .*ModuleNotFoundError: No module named 'psutil'"
+        ):
             HorovodRunner(np=2).run(allreduce_sum)
         assert time.monotonic() - started < 30  # not the 120 s start timeout
         assert no_spark_job_left(spark)

@@ -60,7 +60,7 @@ def cuda_view() -> dict:
 
 
 def own_gpus(view: dict) -> list[str]:
-    return [visible.split(",")[local] for visible, local in zip(view["visible"], view["local_rank"])]
+    return [visible.split(",")[local] for visible, local in zip(view["visible"], view["local_rank"], strict=False)]
 
 
 def test_local_ranks_each_get_a_gpu_of_the_host(monkeypatch, tmp_path):
@@ -69,7 +69,9 @@ def test_local_ranks_each_get_a_gpu_of_the_host(monkeypatch, tmp_path):
     view = HorovodRunner(np=-2).run(cuda_view)
     assert view["visible"] == ["0,1", "0,1"] and view["order"] == ["PCI_BUS_ID"] * 2
     assert sorted(own_gpus(view)) == ["0", "1"]
-    with pytest.raises(LaunchError, match=r"runs 3 ranks on this host, one GPU each, but it has 2 GPU\(s\) \(nvidia-smi -L\)"):
+    with pytest.raises(
+        LaunchError, match=r"runs 3 ranks on this host, one GPU each, but it has 2 GPU\(s\) \(nvidia-smi -L\)"
+    ):
         HorovodRunner(np=-3).run(cuda_view)
 
 
@@ -94,10 +96,16 @@ def gpu_cluster(tmp_path_factory):
 
 
 def test_spark_ranks_see_the_gpus_spark_gave_their_tasks(gpu_cluster):
-    spark = make_session(gpu_cluster.url, **{
-        "spark.executor.cores": "2", "spark.cores.max": "4",
-        "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "1", **gpu_cluster.app_conf,
-    })
+    spark = make_session(
+        gpu_cluster.url,
+        **{
+            "spark.executor.cores": "2",
+            "spark.cores.max": "4",
+            "spark.executor.resource.gpu.amount": "2",
+            "spark.task.resource.gpu.amount": "1",
+            **gpu_cluster.app_conf,
+        },
+    )
     try:
         view = HorovodRunner(np=4).run(cuda_view)
     finally:
@@ -108,7 +116,7 @@ def test_spark_ranks_see_the_gpus_spark_gave_their_tasks(gpu_cluster):
     assert sorted(view["local_rank"]) == [0, 1, 2, 3]
     # ... and its own (the one at its local rank) is one that Spark gave its task, on its own worker
     worker_gpus = {"worker-0": {"0", "1"}, "worker-1": {"2", "3"}}
-    for gpu, executor_dir in zip(own_gpus(view), view["executor_dir"]):
+    for gpu, executor_dir in zip(own_gpus(view), view["executor_dir"], strict=False):
         worker = next(part for part in Path(executor_dir).parts if part.startswith("worker-"))
         assert gpu in worker_gpus[worker], (gpu, executor_dir)
     assert sorted(own_gpus(view)) == ["0", "1", "2", "3"]
@@ -117,7 +125,9 @@ def test_spark_ranks_see_the_gpus_spark_gave_their_tasks(gpu_cluster):
 def test_the_horovod_build_takes_nccl_with_a_cuda_torch_and_toolkit(tmp_path, monkeypatch):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("install_horovod", Path(__file__).parent.parent / "scripts/install_horovod.py")
+    spec = importlib.util.spec_from_file_location(
+        "install_horovod", Path(__file__).parent.parent / "scripts/install_horovod.py"
+    )
     build = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "install_horovod", build)  # its dataclasses look their module up
     spec.loader.exec_module(build)
@@ -135,15 +145,24 @@ def test_the_horovod_build_takes_nccl_with_a_cuda_torch_and_toolkit(tmp_path, mo
 
 
 def test_gpus_that_limit_np_are_named_and_a_task_with_two_sees_its_own(gpu_cluster):
-    spark = make_session(gpu_cluster.url, **{
-        "spark.executor.cores": "2", "spark.cores.max": "4",
-        "spark.executor.resource.gpu.amount": "2", "spark.task.resource.gpu.amount": "2", **gpu_cluster.app_conf,
-    })
+    spark = make_session(
+        gpu_cluster.url,
+        **{
+            "spark.executor.cores": "2",
+            "spark.cores.max": "4",
+            "spark.executor.resource.gpu.amount": "2",
+            "spark.task.resource.gpu.amount": "2",
+            **gpu_cluster.app_conf,
+        },
+    )
     try:
         started = time.monotonic()
-        with pytest.raises(LaunchError, match=r"has 2 at most .* GPUs are what limits it \(4 on the workers\): "
-                                              r"each executor gets spark.executor.resource.gpu.amount=2, each task "
-                                              r"spark.task.resource.gpu.amount=2"):
+        with pytest.raises(
+            LaunchError,
+            match=r"has 2 at most .* GPUs are what limits it \(4 on the workers\): "
+            r"each executor gets spark.executor.resource.gpu.amount=2, each task "
+            r"spark.task.resource.gpu.amount=2",
+        ):
             HorovodRunner(np=3).run(cuda_view)
         assert time.monotonic() - started < 30
         view = HorovodRunner(np=2).run(cuda_view)

@@ -54,7 +54,9 @@ def test_master_url_is_the_apache_spark_providers(connections, conn_id):
     theirs = SparkSubmitHook(conn_id=conn_id)._connection
     master, conf = HorovodHook(conn_id).resolve()
     assert (master, conf.get("spark.yarn.queue"), conf.get("spark.kubernetes.namespace")) == (
-        theirs["master"], theirs["queue"], theirs["namespace"]
+        theirs["master"],
+        theirs["queue"],
+        theirs["namespace"],
     )
 
 
@@ -101,22 +103,33 @@ def test_cluster_deploy_mode_is_refused():
 
 def test_missing_connection_says_how_to_define_it(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_TRAINING_CLUSTER", raising=False)
-    with pytest.raises(AirflowNotFoundException, match="'training_cluster' is not defined.*AIRFLOW_CONN_TRAINING_CLUSTER="):
+    with pytest.raises(
+        AirflowNotFoundException, match="'training_cluster' is not defined.*AIRFLOW_CONN_TRAINING_CLUSTER="
+    ):
         HorovodHook("training_cluster").resolve()
 
 
 @pytest.mark.parametrize(
     ("connection", "message"),
     [
-        ({"host": "spark://127.0.0.1"}, r"Connection 'spark_test' gives the Spark master URL 'spark://127.0.0.1', "
-                                        r"which Spark cannot use: .* needs a host and a port"),
-        ({"host": "spark://127.0.0.1", "port": 1}, r"Nothing listens at the Spark master spark://127.0.0.1:1 of "
-                                                   r"connection 'spark_test'"),
-        ({"host": "no-such-master"}, r"Could not start a Spark session on no-such-master \(connection 'spark_test'\): "
-                                     # spark-submit's words when it starts the JVM, SparkContext's in a running one
-                                     r"(the Spark driver's JVM exited: )?"
-                                     r"(Master must either be yarn or start with "
-                                     r"spark, k8s, or local|Could not parse Master URL: 'no-such-master')$"),
+        (
+            {"host": "spark://127.0.0.1"},
+            r"Connection 'spark_test' gives the Spark master URL 'spark://127.0.0.1', "
+            r"which Spark cannot use: .* needs a host and a port",
+        ),
+        (
+            {"host": "spark://127.0.0.1", "port": 1},
+            r"Nothing listens at the Spark master spark://127.0.0.1:1 of "
+            r"connection 'spark_test'",
+        ),
+        (
+            {"host": "no-such-master"},
+            r"Could not start a Spark session on no-such-master \(connection 'spark_test'\): "
+            # spark-submit's words when it starts the JVM, SparkContext's in a running one
+            r"(the Spark driver's JVM exited: )?"
+            r"(Master must either be yarn or start with "
+            r"spark, k8s, or local|Could not parse Master URL: 'no-such-master')$",
+        ),
     ],
 )
 def test_a_spark_session_that_cannot_start_names_the_connection_and_master(monkeypatch, connection, message):
@@ -204,7 +217,9 @@ def test_kerberos_principal_and_keytab_are_the_apache_spark_providers(monkeypatc
 
     keytab = b"\x05\x02\x00\x00\x00\x3c a made-up keytab"
     extra = {"principal": "etl@EXAMPLE.COM", "keytab": base64.b64encode(keytab).decode()}
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_KERBEROS", json.dumps({"conn_type": "spark", "host": "yarn", "extra": extra}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_KERBEROS", json.dumps({"conn_type": "spark", "host": "yarn", "extra": extra})
+    )
     theirs = SparkSubmitHook(conn_id="spark_kerberos")._connection
     try:
         _, conf = HorovodHook("spark_kerberos").resolve()
@@ -214,7 +229,8 @@ def test_kerberos_principal_and_keytab_are_the_apache_spark_providers(monkeypatc
     finally:
         Path(theirs["keytab"]).unlink(missing_ok=True)
     monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_KERBEROS", json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"keytab": "no base64!"}})
+        "AIRFLOW_CONN_SPARK_KERBEROS",
+        json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"keytab": "no base64!"}}),
     )
     with pytest.raises(ValueError, match="keytab extra that is not base64"):
         HorovodHook("spark_kerberos").resolve()
@@ -223,11 +239,20 @@ def test_kerberos_principal_and_keytab_are_the_apache_spark_providers(monkeypatc
 def test_secret_settings_are_masked_where_the_hook_logs_them():
     from airflow_provider_hvd.hooks.horovod import masked
 
-    conf = {"spark.executor.memory": "4g", "spark.authenticate.secret": "s3", "spark.ssl.keyStorePassword": "pw",
-            "spark.hadoop.fs.s3a.access.token": "t", "spark.kerberos.keytab": "/tmp/k"}
-    assert masked(conf) == {"spark.executor.memory": "4g", "spark.authenticate.secret": "***",
-                            "spark.ssl.keyStorePassword": "***", "spark.hadoop.fs.s3a.access.token": "***",
-                            "spark.kerberos.keytab": "***"}
+    conf = {
+        "spark.executor.memory": "4g",
+        "spark.authenticate.secret": "s3",
+        "spark.ssl.keyStorePassword": "pw",
+        "spark.hadoop.fs.s3a.access.token": "t",
+        "spark.kerberos.keytab": "/tmp/k",
+    }
+    assert masked(conf) == {
+        "spark.executor.memory": "4g",
+        "spark.authenticate.secret": "***",
+        "spark.ssl.keyStorePassword": "***",
+        "spark.hadoop.fs.s3a.access.token": "***",
+        "spark.kerberos.keytab": "***",
+    }
 
 
 def test_the_operators_conn_id_is_templated():

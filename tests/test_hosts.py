@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from conftest import make_session
-from hosts import Host, Hosts, cannot_make_hosts
 from host_jobs import allreduce_forever
+from hosts import Host, Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
@@ -43,9 +43,15 @@ def hosts(tmp_path_factory):
 
 
 def session(hosts: Hosts, ranks_per_host: int, ranks: int, **conf: str):
-    return make_session(hosts.url, **{
-        **hosts.session_conf(), "spark.executor.cores": str(ranks_per_host), "spark.cores.max": str(ranks), **conf,
-    })
+    return make_session(
+        hosts.url,
+        **{
+            **hosts.session_conf(),
+            "spark.executor.cores": str(ranks_per_host),
+            "spark.cores.max": str(ranks),
+            **conf,
+        },
+    )
 
 
 def where_and_what(blob: bytes = b"") -> dict:
@@ -63,7 +69,9 @@ def where_and_what(blob: bytes = b"") -> dict:
     x = torch.randn(256, 1)
     y = 3 * x - 2
     model = torch.nn.Linear(1, 1)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     for _ in range(60):
         optimizer.zero_grad()
@@ -71,11 +79,19 @@ def where_and_what(blob: bytes = b"") -> dict:
         loss.backward()
         optimizer.step()
     me = {
-        "rank": hvd.rank(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
-        "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "hostname": socket.gethostname(),
-        "iface": os.environ["HOROVOD_GLOO_IFACE"], "address": os.environ["HOROVOD_HOSTNAME"],
-        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "sum": total, "loss": loss.item(),
-        "weights": (model.weight.item(), model.bias.item()), "blob": hashlib.sha256(blob).hexdigest(),
+        "rank": hvd.rank(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "hostname": socket.gethostname(),
+        "iface": os.environ["HOROVOD_GLOO_IFACE"],
+        "address": os.environ["HOROVOD_HOSTNAME"],
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "sum": total,
+        "loss": loss.item(),
+        "weights": (model.weight.item(), model.bias.item()),
+        "blob": hashlib.sha256(blob).hexdigest(),
     }
     return {"ranks": hvd.allgather_object(me)}
 
@@ -207,15 +223,19 @@ def test_a_host_cut_off_mid_run_is_named_and_its_ranks_end_by_themselves(hosts, 
         error = outcome["error"]
         assert isinstance(error, RankFailedError), repr(error)
         assert error.rank == 2
-        assert str(error).startswith(f"Horovod ranks 2 and 3 of 4 failed: their host {cut.name} ({cut.address}) was "
-                                     "lost: nothing heard from any of their agents for "), str(error)
+        assert str(error).startswith(
+            f"Horovod ranks 2 and 3 of 4 failed: their host {cut.name} ({cut.address}) was "
+            "lost: nothing heard from any of their agents for "
+        ), str(error)
         assert named_after < CUT_NAMED_WITHIN_S, str(error)
         others = [pid for pid, host in placed.values() if host is not cut]
         assert _wait_gone(others, 15) is not None, "a rank on a healthy host outlived the run"
         orphans_gone.join()
         assert "at" in orphans_gone.result, "the cut-off host's ranks did not end"
         orphans_ended = orphans_gone.result["at"] - cut_at
-        print(f"\nMEASURED host cut: named after {named_after:.1f}s; its ranks ended {orphans_ended:.1f}s after the cut")
+        print(
+            f"\nMEASURED host cut: named after {named_after:.1f}s; its ranks ended {orphans_ended:.1f}s after the cut"
+        )
         assert orphans_ended < ORPHANS_END_WITHIN_S
         cut.reconnect()
         cut = None
@@ -272,11 +292,14 @@ def test_a_driver_killed_ends_every_rank_on_every_host(hosts, pid_dir, tmp_path)
 
     conf = {**hosts.session_conf(), "spark.executor.cores": "2", "spark.cores.max": "4", "spark.ui.enabled": "false"}
     script = tmp_path / "driver.py"
-    script.write_text(DRIVER.format(tests=str(Path(__file__).parent), url=hosts.url, conf=json.dumps(conf), pid_dir=pid_dir))
+    script.write_text(
+        DRIVER.format(tests=str(Path(__file__).parent), url=hosts.url, conf=json.dumps(conf), pid_dir=pid_dir)
+    )
     env = {**os.environ, "SPARK_LOCAL_IP": hosts.driver_address}
     with open(tmp_path / "driver.log", "wb") as log:
-        driver = subprocess.Popen([sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  start_new_session=True)
+        driver = subprocess.Popen(
+            [sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
         try:
             wait_for_pids(pid_dir, 4, timeout=400)

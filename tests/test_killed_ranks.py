@@ -129,12 +129,18 @@ def test_a_script_whose_rank_is_killed_for_memory_says_so(limited_cgroup):
     procs = str(limited_cgroup / "cgroup.procs")
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(function=inspect.getsource(grow_until_killed))],
-        preexec_fn=lambda: Path(procs).write_text(str(os.getpid())), capture_output=True, text=True, timeout=240,
+        preexec_fn=lambda: Path(procs).write_text(str(os.getpid())),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     text = proc.stdout
     name = "/" + str(limited_cgroup.relative_to(memory_cgroup().mount))  # as /proc/<pid>/cgroup names it
     assert "Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python exception" in text, proc.stderr[-3000:]
-    assert f"Likely cause: the kernel's OOM killer ended it for memory: its memory cgroup {name} counted 1 OOM kill(s) while it ran" in text, text
+    assert (
+        "Likely cause: the kernel's OOM killer ended it for memory: "
+        f"its memory cgroup {name} counted 1 OOM kill(s) while it ran" in text
+    ), text
     if os.access("/dev/kmsg", os.R_OK):
         assert "the kernel log says:" in text and "Killed process" in text, text
     assert f"the memory cgroup's limit {size(LIMIT)} (set on {name}" in text, text

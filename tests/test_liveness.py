@@ -148,8 +148,9 @@ def test_an_agent_whose_driver_goes_silent_ends_its_rank(pid_dir):
     """A driver that said Start and then nothing (its host vanished): the agent ends the rank after the timeout."""
     secret = new_secret()
     listener = socket.create_server(("127.0.0.1", 0))
-    args = AgentArgs("127.0.0.1", listener.getsockname()[1], secret, relay_output=False, echo_output=False,
-                     liveness=FAST)
+    args = AgentArgs(
+        "127.0.0.1", listener.getsockname()[1], secret, relay_output=False, echo_output=False, liveness=FAST
+    )
     job = dumps_job(record_pid_and_sleep, (), {"pid_dir": pid_dir})
     outcome: dict[str, str] = {}
     agent = threading.Thread(target=lambda: outcome.update(result=run_agent(args, lambda: job)), daemon=True)
@@ -199,9 +200,11 @@ def test_a_hung_agent_is_named_within_the_timeout(spark_local, pid_dir):
     runner = HorovodRunner(np=2)
     runner.heartbeat_interval_s, runner.heartbeat_timeout_s = 0.5, 3.0
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(
-        error=pytest.raises(RankFailedError, runner.run, sleep_and_record, pid_dir=pid_dir)
-    ))
+    thread = threading.Thread(
+        target=lambda: outcome.update(
+            error=pytest.raises(RankFailedError, runner.run, sleep_and_record, pid_dir=pid_dir)
+        )
+    )
     thread.start()
     pids = wait_for_pids(pid_dir, 2)
     agent = psutil.Process(int(Path(pid_dir, "rank-1.pid").read_text())).parent().parent()

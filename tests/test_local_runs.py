@@ -54,7 +54,9 @@ def leftover_rank_processes() -> list[psutil.Process]:
 
 def test_rank_exiting_without_exception_is_reported_within_seconds(pid_dir):
     started = time.monotonic()
-    with pytest.raises(RankFailedError, match="rank 0 of 2 failed: exited with code 3 without a Python exception") as info:
+    with pytest.raises(
+        RankFailedError, match="rank 0 of 2 failed: exited with code 3 without a Python exception"
+    ) as info:
         HorovodRunner(np=-2).run(fail_on_rank, bad_rank=0, pid_dir=pid_dir, how="exit")
     assert time.monotonic() - started < 20
     assert info.value.exit_code == 3 and info.value.remote_traceback is None
@@ -75,7 +77,11 @@ def test_unpicklable_result_is_named():
 def test_cancel_ends_every_rank_and_raises(pid_dir):
     runner = HorovodRunner(np=-2)
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)))
+    thread = threading.Thread(
+        target=lambda: outcome.update(
+            error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
+        )
+    )
     thread.start()
     pids = wait_for_pids(pid_dir, 2)
     started = time.monotonic()

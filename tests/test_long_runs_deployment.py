@@ -42,7 +42,9 @@ class LoggedInDeployment(AirflowDeployment):
     def _ready(self, dag_ids: list[str]) -> bool:
         if "Authorization" not in self.api.headers:
             try:
-                resp = httpx.post(f"{self.url}/auth/token", json={"username": "admin", "password": PASSWORD}, timeout=10)
+                resp = httpx.post(
+                    f"{self.url}/auth/token", json={"username": "admin", "password": PASSWORD}, timeout=10
+                )
             except httpx.HTTPError:
                 return False
             if resp.status_code != 201:
@@ -74,7 +76,9 @@ def airflow(standalone_cluster, tmp_path_factory, request):
             "from airflow_provider_hvd.plugins.training_tab import TrainingTabPlugin  # noqa: F401\n"
         )
     spark_default = {
-        "conn_type": "spark", "host": "spark://127.0.0.1", "port": standalone_cluster.port,
+        "conn_type": "spark",
+        "host": "spark://127.0.0.1",
+        "port": standalone_cluster.port,
         "extra": {"spark.executor.cores": "1", **standalone_cluster.app_conf},
     }
     env = {

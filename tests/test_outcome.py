@@ -22,9 +22,13 @@ from airflow_provider_hvd.runner.shared.messages import Done, RemoteError
 
 SPARK_TASK_1 = "in Spark task 1 (attempt 0) on executor 10.0.0.2:41000 (10.0.0.2)"
 SPARK_TASK_0 = "in Spark task 0 (attempt 0) on executor 10.0.0.1:41000 (10.0.0.1)"
-BOOM = Done(exit_code=1, ok=False, error=RemoteError("ValueError", "boom", "Traceback ...\nValueError: boom\n"), tail=["step 9"])
+BOOM = Done(
+    exit_code=1, ok=False, error=RemoteError("ValueError", "boom", "Traceback ...\nValueError: boom\n"), tail=["step 9"]
+)
 ENDED = Done(exit_code=-15, ok=False, terminated_by="rank 1 failed")
-JOB_CANCELLED = LaunchFailed("a Spark barrier job of 2 tasks on spark://m:7077", "[SPARK_JOB_CANCELLED] Job 0 cancelled")
+JOB_CANCELLED = LaunchFailed(
+    "a Spark barrier job of 2 tasks on spark://m:7077", "[SPARK_JOB_CANCELLED] Job 0 cancelled"
+)
 NO_PSUTIL = RemoteError("ModuleNotFoundError", "No module named 'psutil'", "Traceback ...\nModuleNotFoundError\n")
 STARTED = "started"  # not an event: every rank was started
 WINDOW = "window"  # not an event: the settle window after the first failure has passed
@@ -46,10 +50,15 @@ def boom(at: float, terminated_by: str | None = None) -> Done:
     return Done(exit_code=1, ok=False, error=error, terminated_by=terminated_by, tail=["step 20"])
 
 
-GLOO_ABORT = Done(exit_code=-6, ok=False, ended_at=T + 0.2, tail=[
-    "terminate called after throwing an instance of 'gloo::IoException'",
-    "  what():  [gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:43125: Connection reset by peer",
-])
+GLOO_ABORT = Done(
+    exit_code=-6,
+    ok=False,
+    ended_at=T + 0.2,
+    tail=[
+        "terminate called after throwing an instance of 'gloo::IoException'",
+        "  what():  [gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:43125: Connection reset by peer",
+    ],
+)
 OOM_KILLED = Done(exit_code=-9, ok=False, ended_at=T, tail=["step 20"])
 
 CASES = {
@@ -97,7 +106,11 @@ CASES = {
         RankFailedError,
         f"the HorovodRunner agent of rank 1 {SPARK_TASK_1} failed: ModuleNotFoundError",
     ),
-    "the start times out": ([StartTimedOut(1, 2, 120.0, "a job")], LaunchError, "only 1 of 2 ranks had started after 120s"),
+    "the start times out": (
+        [StartTimedOut(1, 2, 120.0, "a job")],
+        LaunchError,
+        "only 1 of 2 ranks had started after 120s",
+    ),
     # the first failure opens a window; the earliest real failure in it, by its time at its source, is the cause
     "another rank's shutdown error arrives first: the rank that raised is named": (
         [STARTED, RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05)), RankFailed(1, SPARK_TASK_1, boom(T))],
@@ -110,8 +123,11 @@ CASES = {
         "--- other ranks ---\nrank 0: HorovodInternalError: Horovod has been shut down. (a consequence of rank 1's",
     ),
     "TensorFlow's wording of the shutdown is a consequence too": (
-        [STARTED, RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05, "UnknownError")),
-         RankFailed(1, SPARK_TASK_1, boom(T))],
+        [
+            STARTED,
+            RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05, "UnknownError")),
+            RankFailed(1, SPARK_TASK_1, boom(T)),
+        ],
         RankFailedError,
         "Horovod rank 1 of 2 failed: ValueError: boom",
     ),
@@ -126,8 +142,12 @@ CASES = {
         "Horovod rank 1 of 2 failed",
     ),
     "a real failure reported after the window still wins over a consequence": (
-        [STARTED, RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05)), WINDOW,
-         RankFailed(1, SPARK_TASK_1, boom(T, terminated_by="rank 0 failed"))],
+        [
+            STARTED,
+            RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05)),
+            WINDOW,
+            RankFailed(1, SPARK_TASK_1, boom(T, terminated_by="rank 0 failed")),
+        ],
         RankFailedError,
         "Horovod rank 1 of 2 failed: ValueError: boom",
     ),
@@ -142,8 +162,12 @@ CASES = {
         f"Horovod rank 1 of 2 failed: its agent {SPARK_TASK_1} was lost",
     ),
     "an agent lost after the window (the driver ended it) does not replace the cause": (
-        [STARTED, RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05)), WINDOW,
-         AgentLost(1, SPARK_TASK_1, "closed", (1, 0))],
+        [
+            STARTED,
+            RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05)),
+            WINDOW,
+            AgentLost(1, SPARK_TASK_1, "closed", (1, 0)),
+        ],
         RankFailedError,
         "Horovod rank 0 of 2 failed: HorovodInternalError",
     ),

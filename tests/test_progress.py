@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def test_metrics_history_is_rank0s_and_the_sink_gets_it_at_most_once_per_interva
     assert runner.metrics["lr"][3] == (3, None), "NaN is a gap"
     metric_writes = [at for at, kind, _ in sink.writes if kind == "metrics"]
     assert len(metric_writes) >= 2, "written while the run went on, not only at the end"
-    gaps = [later - earlier for earlier, later in zip(metric_writes, metric_writes[1:-1])]  # the last: the final flush
+    # the last write is the final flush
+    gaps = [later - earlier for earlier, later in itertools.pairwise(metric_writes[:-1])]
     assert all(gap >= 1.0 for gap in gaps), gaps
     final = sink.last("metrics")
     assert final["rank"] == 0 and final["reports"] == 40
@@ -95,7 +97,7 @@ def test_the_history_stays_bounded_and_even():
     points = series.points()
     assert len(points) <= 101 and points[-1] == (99_999, 99_999.0)
     steps = [step for step, _ in points[:-1]]
-    assert len({b - a for a, b in zip(steps, steps[1:])}) == 1, "evenly spread over the reports"
+    assert len({b - a for a, b in itertools.pairwise(steps)}) == 1, "evenly spread over the reports"
     assert steps[0] == 0
 
 

@@ -34,8 +34,13 @@ def test_a_retry_resumes_only_from_an_unfinished_try():
     assert first.last_checkpoint() is None
     first.checkpoint({"path": "/c/epoch-3.pt", "epoch": 3, "rank": 0, "reported_at": "t"})
     second = TaskStateProgress(store, try_number=2)
-    assert second.last_checkpoint() == {"path": "/c/epoch-3.pt", "epoch": 3, "rank": 0, "reported_at": "t",
-                                        "try_number": 1}
+    assert second.last_checkpoint() == {
+        "path": "/c/epoch-3.pt",
+        "epoch": 3,
+        "rank": 0,
+        "reported_at": "t",
+        "try_number": 1,
+    }
     second.mark_finished({"path": "/c/epoch-6.pt", "epoch": 6, "rank": 0, "reported_at": "u", "try_number": None})
     assert store.get(CHECKPOINT_KEY)["try_number"] == 2
     assert TaskStateProgress(store, try_number=3).last_checkpoint() is None, "a finished run is not resumed"
@@ -78,7 +83,8 @@ def stored(run, task_id: str) -> dict:
     with create_session() as session:
         rows = session.execute(
             select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
-                TaskStateStoreModel.dag_id == run.dag_id, TaskStateStoreModel.run_id == run.run_id,
+                TaskStateStoreModel.dag_id == run.dag_id,
+                TaskStateStoreModel.run_id == run.run_id,
                 TaskStateStoreModel.task_id == task_id,
             )
         ).all()
@@ -100,18 +106,18 @@ def test_the_training_page_draws_each_metric(example_run, monkeypatch):
     from airflow.api_fastapi.app import create_app
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
     from fastapi.testclient import TestClient
+    from starlette.routing import Mount
 
     from airflow_provider_hvd.plugins.training_tab import TAB_HREF, TrainingTabPlugin
-
-    from starlette.routing import Mount
 
     app = create_app()
     plugin_app = TrainingTabPlugin.fastapi_apps[0]
     # where the API server mounts plugins: before the UI's catch-all route
     app.router.routes.insert(0, Mount(plugin_app["url_prefix"], app=plugin_app["app"]))
     with TestClient(app) as client:
-        url = TAB_HREF.format(DAG_ID="horovod_train_example", RUN_ID=quote(example_run.run_id, safe=""),
-                              TASK_ID="train", MAP_INDEX=-1)
+        url = TAB_HREF.format(
+            DAG_ID="horovod_train_example", RUN_ID=quote(example_run.run_id, safe=""), TASK_ID="train", MAP_INDEX=-1
+        )
         assert client.get(url).status_code == 401
         password = SimpleAuthManager.get_passwords()["admin"]  # the simple auth manager's generated one
         token = client.post("/auth/token", json={"username": "admin", "password": password}).json()["access_token"]
@@ -119,4 +125,7 @@ def test_the_training_page_draws_each_metric(example_run, monkeypatch):
         assert page.status_code == 200, page.text
         assert page.text.count('<path class="curve" data-metric=') == 2
         assert 'data-live="false"' in page.text and "Last checkpoint: " in page.text
-        assert client.get(url.replace("/train?", "/nope?"), headers={"Authorization": f"Bearer {token}"}).status_code == 404
+        assert (
+            client.get(url.replace("/train?", "/nope?"), headers={"Authorization": f"Bearer {token}"}).status_code
+            == 404
+        )

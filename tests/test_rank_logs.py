@@ -141,7 +141,10 @@ def test_keras_log_callback_in_a_real_fit(spark_local, caplog):
     lines = relayed(caplog)
     assert set(lines) == {0}, "LogCallback sends from rank 0 only"
     assert [line.split(":")[0] for line in lines[0]] == [
-        "epoch 1/2 begin", "epoch 1/2 end", "epoch 2/2 begin", "epoch 2/2 end",
+        "epoch 1/2 begin",
+        "epoch 1/2 end",
+        "epoch 2/2 begin",
+        "epoch 2/2 end",
     ]
     end = re.fullmatch(r"epoch 2/2 end: accuracy=([\d.]+) loss=([\d.]+)", lines[0][3])
     assert end and float(end[2]) == pytest.approx(result["loss"][1], rel=1e-3)
@@ -343,8 +346,14 @@ def test_messages_after_progress_bars_arrive(spark_local, caplog):
 def test_progress_bars_are_relayed_as_they_go(caplog):
     HorovodRunner(np=-2).run(progress_bar_and_messages)
     lines = relayed(caplog)[0]
-    assert lines == ["training 10%", "checkpoint at 10% ✓", "training 50%", "checkpoint at 50% ✓",
-                     "training 90%", "checkpoint at 90% ✓"]
+    assert lines == [
+        "training 10%",
+        "checkpoint at 10% ✓",
+        "training 50%",
+        "checkpoint at 50% ✓",
+        "training 90%",
+        "checkpoint at 90% ✓",
+    ]
 
 
 def lose_a_message() -> str:

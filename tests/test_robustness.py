@@ -126,8 +126,10 @@ def test_relayed_lines_show_under_basic_logging_config_with_two_runs_at_once():
 
 @pytest.mark.parametrize(
     "error",
-    [RuntimeError("no network interface holds 10.1.2.3, the address this host uses to reach the driver"),
-     OSError(24, "Too many open files")],
+    [
+        RuntimeError("no network interface holds 10.1.2.3, the address this host uses to reach the driver"),
+        OSError(24, "Too many open files"),
+    ],
 )
 def test_an_agents_own_failure_reaches_the_driver(monkeypatch, error):
     def failing_agent_environment(*args, **kwargs):
@@ -212,8 +214,17 @@ def test_log_callback_shows_metrics_that_are_not_scalars(capsys):
 
 @pytest.mark.parametrize(
     ("master", "local"),
-    [("local", True), ("local[4]", True), ("local[*]", True), ("local[4,2]", True), ("local[*,3]", True),
-     ("local-cluster[2,1,1024]", False), ("localhost", False), ("spark://local:7077", False), ("yarn", False)],
+    [
+        ("local", True),
+        ("local[4]", True),
+        ("local[*]", True),
+        ("local[4,2]", True),
+        ("local[*,3]", True),
+        ("local-cluster[2,1,1024]", False),
+        ("localhost", False),
+        ("spark://local:7077", False),
+        ("yarn", False),
+    ],
 )
 def test_which_masters_are_local(master, local):
     assert is_local(master) is local

@@ -76,7 +76,7 @@ def test_a_failure_in_the_channels_loop_ends_the_run(monkeypatch, pid_dir, caplo
     assert not thread.is_alive(), "run() still waits"
     error = outcome["error"]
     assert isinstance(error, RankFailedError)
-    assert "the driver channel failed: RuntimeError(\"a fault in the channel's loop\")" in str(error)
+    assert 'the driver channel failed: RuntimeError("a fault in the channel\'s loop")' in str(error)
     assert "the driver channel failed" in caplog.text  # with its traceback
     assert_all_gone(pids, within=15)
 
@@ -114,8 +114,11 @@ def test_a_job_killed_from_outside_is_reported_as_killed_with_sparks_reason(spar
     error = outcome["error"]
     assert isinstance(error, HorovodRunnerError)
     # as the job's failure or as its agents' loss, whichever the driver hears first: killed, with Spark's reason
-    assert re.search(r"(Spark task \d \(attempt 0\) was killed on executor driver \(\S+\): |its job was killed from "
-                     r"outside the run: ).*killed via the Web UI", str(error)), str(error)
+    assert re.search(
+        r"(Spark task \d \(attempt 0\) was killed on executor driver \(\S+\): |its job was killed from "
+        r"outside the run: ).*killed via the Web UI",
+        str(error),
+    ), str(error)
     assert_all_gone(pids, within=15)
 
 

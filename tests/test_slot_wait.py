@@ -37,7 +37,10 @@ def holder(standalone_cluster, tmp_path_factory):
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-c", HOLDER, standalone_cluster.url],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 120)
@@ -86,11 +89,13 @@ def waits(caplog) -> list[str]:
     ],
 )
 def test_standalone_capacity(conf, slots_at_most):
-    state = {"workers": [
-        {"state": "ALIVE", "cores": 3, "memory": 2048},
-        {"state": "ALIVE", "cores": 1, "memory": 2048},
-        {"state": "DEAD", "cores": 8, "memory": 65536},
-    ]}
+    state = {
+        "workers": [
+            {"state": "ALIVE", "cores": 3, "memory": 2048},
+            {"state": "ALIVE", "cores": 1, "memory": 2048},
+            {"state": "DEAD", "cores": 8, "memory": 65536},
+        ]
+    }
     assert slots.standalone_capacity(state, conf) == slots_at_most
 
 
@@ -149,8 +154,11 @@ def test_a_wait_on_a_master_whose_ui_does_not_answer_says_the_total_is_unknown_a
     right = conf.get(spark_cluster.MASTER_WEB_UI_CONF)
     conf.set(spark_cluster.MASTER_WEB_UI_CONF, "http://127.0.0.1:9")  # as a wrong URL would: nothing answers there
     try:
-        with pytest.raises(LaunchError, match=r"the cluster's total is unknown \(http://127.0.0.1:9/json/ did not "
-                                              r"answer.*set spark.horovodRunner.masterWebUiUrl"):
+        with pytest.raises(
+            LaunchError,
+            match=r"the cluster's total is unknown \(http://127.0.0.1:9/json/ did not "
+            r"answer.*set spark.horovodRunner.masterWebUiUrl",
+        ):
             HorovodRunner(np=3, slot_wait_timeout=2).run(allreduce_sum)
     finally:
         conf.set(spark_cluster.MASTER_WEB_UI_CONF, right)

@@ -30,7 +30,9 @@ Current thread 0x00007f0e97a5b740 (most recent call first):
 
 
 def stalled() -> Stalled:
-    return Stalled(600.0, (StalledRank(0, 612.0, DUMP), StalledRank(1, 640.0, None, "its rank process had already ended")))
+    return Stalled(
+        600.0, (StalledRank(0, 612.0, DUMP), StalledRank(1, 640.0, None, "its rank process had already ended"))
+    )
 
 
 def test_a_stall_is_the_cause_and_the_ended_ranks_its_consequence():
@@ -68,8 +70,14 @@ def test_a_failure_before_the_stall_stays_the_cause():
 
 
 OOM = {
-    "signal": "SIGKILL", "cgroup": "/kubepods/pod1/c1", "cgroup_version": 2, "cgroup_oom_kills": 1,
-    "host_oom_kills": 1, "memory_limit": 4 << 30, "limit_cgroup": "/kubepods/pod1", "memory_peak": 4 << 30,
+    "signal": "SIGKILL",
+    "cgroup": "/kubepods/pod1/c1",
+    "cgroup_version": 2,
+    "cgroup_oom_kills": 1,
+    "host_oom_kills": 1,
+    "memory_limit": 4 << 30,
+    "limit_cgroup": "/kubepods/pod1",
+    "memory_peak": 4 << 30,
     "kernel_log": ["Memory cgroup out of memory: Killed process 4242 (python) total-vm:5000000kB, anon-rss:4100000kB"],
     "memory_settings": {"spark.executor.memory": "4g", "spark.executor.memoryOverhead": "1g"},
 }
@@ -92,8 +100,15 @@ def test_a_killed_rank_gets_the_likely_cause_after_its_signal():
 
 
 def test_kill_texts_without_an_oom_kill():
-    quiet = {"signal": "SIGKILL", "cgroup": "/c", "cgroup_oom_kills": 0, "host_oom_kills": 0, "memory_limit": None,
-             "kernel_log": [], "kernel_log_unreadable": "/dev/kmsg: Operation not permitted"}
+    quiet = {
+        "signal": "SIGKILL",
+        "cgroup": "/c",
+        "cgroup_oom_kills": 0,
+        "host_oom_kills": 0,
+        "memory_limit": None,
+        "kernel_log": [],
+        "kernel_log_unreadable": "/dev/kmsg: Operation not permitted",
+    }
     assert describe_kill(quiet) == (
         "No OOM kill was counted while it ran (by its memory cgroup /c or the host): SIGKILL came from elsewhere (the "
         "cluster manager enforcing a limit, e.g. YARN's memory check or Kubernetes' eviction, or a person). The kernel "

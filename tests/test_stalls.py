@@ -29,8 +29,9 @@ def hang_in_a_collective(marker: str, active_s: float = 0.0) -> None:
     import time
 
     starting = threading.Event()
-    threading.Thread(target=lambda: [print("starting", flush=True) for _ in iter(lambda: starting.wait(0.5), True)],
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: [print("starting", flush=True) for _ in iter(lambda: starting.wait(0.5), True)], daemon=True
+    ).start()
     import horovod.torch as hvd
     import torch
 
@@ -63,7 +64,7 @@ def check_where(err: RunStalledError) -> None:
     assert "rank 1 (quiet for " in text and f"was in wait_forever ({THIS_FILE}, line " in text, text
     assert f'File "{THIS_FILE}", line ' in text and " in hang_in_a_collective" in text, text
     # rank 0: in Horovod's allreduce, called from the user's function
-    rank0 = text[text.index("rank 0 (quiet for "):]
+    rank0 = text[text.index("rank 0 (quiet for ") :]
     assert rank0.startswith("rank 0 (quiet for ") and f"was in hang_in_a_collective ({THIS_FILE}" in rank0, text
     assert "horovod/torch/mpi_ops.py" in rank0 and " in synchronize" in rank0, text
     assert "Current thread" in err.stacks[0] or "Thread 0x" in err.stacks[0]  # every thread, as faulthandler wrote them
@@ -92,7 +93,10 @@ def test_output_keeps_a_spark_run_alive_until_it_goes_quiet(spark_local, tmp_pat
     assert STALL_S <= time.time() - float(marker.read_text()) < DETECTED_WITHIN_S
     check_where(info.value)
     log = caplog.text
-    assert f"the run stalled: no rank wrote output or reported progress for {STALL_S:.0f}s (stall_timeout); the ranks' Python stacks" in log
+    assert (
+        f"the run stalled: no rank wrote output or reported progress for {STALL_S:.0f}s (stall_timeout); "
+        "the ranks' Python stacks" in log
+    )
     assert "--- rank 0 ---" in log and "--- rank 1 ---" in log
 
 
@@ -144,7 +148,9 @@ def test_a_cancelled_run_logs_where_the_ranks_were(pid_dir, caplog):
     runner = HorovodRunner(np=-2)
     outcome: dict = {}
     thread = threading.Thread(
-        target=lambda: outcome.update(error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir))
+        target=lambda: outcome.update(
+            error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
+        )
     )
     thread.start()
     pids = wait_for_pids(pid_dir, 2)

@@ -10,7 +10,7 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
 
 
-class _HorovodDecoratedOperator(DecoratedOperator, HorovodRunnerOperator):
+class _HorovodDecoratedOperator(DecoratedOperator, HorovodRunnerOperator):  # type: ignore[misc]  # op_args' types
     custom_operator_name = "@task.horovod"
     template_fields = HorovodRunnerOperator.template_fields
     template_fields_renderers = HorovodRunnerOperator.template_fields_renderers

@@ -45,9 +45,18 @@ _KNOWN_EXTRAS = {*_EXTRA_TO_CONF, "keytab", "deploy-mode", HISTORY_SERVER_EXTRA,
 # settings a SparkContext takes when it starts: a job on a running one that differs in them would run otherwise
 # than asked (the GPUs and cores of a task, the driver's fixed addresses and ports, what the ranks are given)
 _SETTINGS_THAT_MATTER = (
-    "spark.task.", "spark.executor.resource.", "spark.driver.resource.", "spark.executor.cores",
-    "spark.driver.host", "spark.driver.bindAddress", "spark.driver.port", "spark.driver.blockManager.port",
-    "spark.blockManager.port", "spark.horovodRunner.", "spark.executorEnv.", "spark.kerberos.",
+    "spark.task.",
+    "spark.executor.resource.",
+    "spark.driver.resource.",
+    "spark.executor.cores",
+    "spark.driver.host",
+    "spark.driver.bindAddress",
+    "spark.driver.port",
+    "spark.driver.blockManager.port",
+    "spark.blockManager.port",
+    "spark.horovodRunner.",
+    "spark.executorEnv.",
+    "spark.kerberos.",
 )
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private", "keytab", "api_key", "apikey")
 _PY4J_CHATTER = ("py4j.clientserver", "py4j.java_gateway")  # a line at INFO each time a Python thread ends
@@ -190,7 +199,7 @@ class HorovodHook(BaseHook):
             raise AirflowNotFoundException(
                 f"The Spark connection {self.conn_id!r} is not defined. Define it with the master HorovodRunner "
                 f"should use, e.g. AIRFLOW_CONN_{self.conn_id.upper()}='spark://spark-master:7077' or "
-                f"AIRFLOW_CONN_{self.conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}', "
+                f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\', '
                 f"or `airflow connections add {self.conn_id} --conn-type spark --conn-host 'local[*]'`."
             ) from None
         master, conf = master_from_connection(conn)
@@ -233,9 +242,12 @@ class HorovodHook(BaseHook):
         if not differing:
             return
         shown = {
-            key: ("***", "***") if is_secret_setting(key) else (wanted, have) for key, (wanted, have) in differing.items()
+            key: ("***", "***") if is_secret_setting(key) else (wanted, have)
+            for key, (wanted, have) in differing.items()
         }
-        lines = ", ".join(f"{key}={wanted} (running: {have or 'unset'})" for key, (wanted, have) in sorted(shown.items()))
+        lines = ", ".join(
+            f"{key}={wanted} (running: {have or 'unset'})" for key, (wanted, have) in sorted(shown.items())
+        )
         if any(key.startswith(_SETTINGS_THAT_MATTER) for key in differing):
             raise LaunchError(
                 f"The SparkContext already running in this process on {master} differs from what connection "
@@ -245,7 +257,10 @@ class HorovodHook(BaseHook):
             )
         self.log.warning(
             "Joining the SparkContext already running on %s, which keeps the settings it started with; these of "
-            "connection %r and spark_conf do not apply: %s", master, self.conn_id, lines,
+            "connection %r and spark_conf do not apply: %s",
+            master,
+            self.conn_id,
+            lines,
         )
 
     def _session(self) -> tuple[SparkSession, bool]:
@@ -270,7 +285,7 @@ class HorovodHook(BaseHook):
         self.log.info("Starting a Spark session on %s with %s", master, masked(conf))
         try:
             self._gateway = launch_logged_gateway(
-                SparkConf().setMaster(master).setAppName(self.app_name).setAll(conf.items())
+                SparkConf().setMaster(master).setAppName(self.app_name).setAll(list(conf.items()))
             )
             builder = SparkSession.builder.master(master).appName(self.app_name)
             for key, value in conf.items():
@@ -306,8 +321,12 @@ class HorovodHook(BaseHook):
         :attr:`runner` afterwards (its ``metrics`` and ``checkpoint``).
         """
         self._runner = HorovodRunner(
-            np=np, driver_log_verbosity=driver_log_verbosity, slot_wait_timeout=slot_wait_timeout,
-            resume_from=resume_from, progress_sink=progress_sink, stall_timeout=stall_timeout,
+            np=np,
+            driver_log_verbosity=driver_log_verbosity,
+            slot_wait_timeout=slot_wait_timeout,
+            resume_from=resume_from,
+            progress_sink=progress_sink,
+            stall_timeout=stall_timeout,
         )
         if np < 0:
             return self._runner.run_with_args(python_callable, args, kwargs or {})

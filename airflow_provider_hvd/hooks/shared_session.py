@@ -25,9 +25,7 @@ class SharedSession:
         self.users = 0
         self._gateway: JavaGateway | None = None
 
-    def join(
-        self, session: Callable[[], tuple[SparkSession, JavaGateway | None, bool]]
-    ) -> tuple[SparkSession, bool]:
+    def join(self, session: Callable[[], tuple[SparkSession, JavaGateway | None, bool]]) -> tuple[SparkSession, bool]:
         """The session ``session()`` gives (the running one, or one it starts), and whether hooks share it.
 
         ``session()`` returns the SparkSession, the JVM it started for it if any, and whether it started the

@@ -29,8 +29,12 @@ LOGGER = "spark"
 # log4j's layout in Spark's default profile: "%d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex"
 _LOG4J = re.compile(r"\d{2}/\d{2}/\d{2} \d{2}:\d{2}:\d{2} (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ([^:\s]+): ?(.*)")
 _LEVELS = {
-    "TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
-    "WARN": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL,
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "FATAL": logging.CRITICAL,
 }
 # lines that carry on the record above them: a stack trace (its exception, frames and causes), a call site
 _CONTINUATION = re.compile(
@@ -108,7 +112,7 @@ def launch_logged_gateway(conf: SparkConf) -> JavaGateway | None:
         relay = _Relay(read_fd)
         relay.start()  # read from the start: a JVM with much to say would block on a full pipe
         try:
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": write_fd, "stderr": write_fd})
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": write_fd, "stderr": write_fd})  # type: ignore[no-untyped-call]
         except Exception as exc:
             os.close(write_fd)
             relay.join(timeout=5)  # the JVM is gone: its last lines are in
@@ -131,6 +135,7 @@ def stop_gateway(gateway: JavaGateway) -> None:
             return  # in use by someone else
         SparkContext._gateway = None
         SparkContext._jvm = None
+    assert gateway is not None  # (the comparison above left mypy thinking it may be SparkContext's None)
     gateway.shutdown()
     gateway.proc.stdin.close()  # the JVM ends when its stdin closes
     try:

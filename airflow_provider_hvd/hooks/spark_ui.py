@@ -47,12 +47,13 @@ def lasting_ui_url(
 
 def application_ui_url(sc: SparkContext, history_server: str | None = None) -> str | None:
     """:func:`lasting_ui_url` for a running SparkContext."""
-    attempt = sc._jsc.sc().applicationAttemptId()  # type: ignore[union-attr]  # a Scala Option
+    attempt = sc._jsc.sc().applicationAttemptId()  # a Scala Option
+    master = sc.master or ""
     return lasting_ui_url(
-        sc.master,
+        master,
         sc.applicationId,
         dict(sc.getConf().getAll()),
         attempt_id=attempt.get() if attempt.isDefined() else None,
         history_server=history_server,
-        master_ui=master_web_ui(sc) if sc.master.startswith("spark://") and master_state(sc) else None,
+        master_ui=master_web_ui(sc) if master.startswith("spark://") and master_state(sc) else None,
     )

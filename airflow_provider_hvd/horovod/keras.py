@@ -42,7 +42,7 @@ def _format_logs(logs: dict[str, Any] | None) -> str:
     return " ".join(f"{name}={_format_value(value)}" for name, value in (logs or {}).items())
 
 
-class LogCallback(keras.callbacks.Callback):
+class LogCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras has no type information
     """Send epoch begin/end (and, with ``per_batch_log=True``, every batch end) with Keras' ``logs`` dict.
 
     Lines read ``epoch 3/10 end: loss=0.2134 accuracy=0.91``. Only rank 0 sends, unless ``all_ranks=True``
@@ -82,7 +82,7 @@ class LogCallback(keras.callbacks.Callback):
             self._send(f"epoch {self._of_epochs()} batch {of_steps} end: {_format_logs(logs)}".rstrip(": "))
 
 
-class CheckpointCallback(keras.callbacks.Callback):
+class CheckpointCallback(keras.callbacks.Callback):  # type: ignore[misc]
     """Save the model at the end of every ``every``-th epoch on rank 0, then report it with ``report_checkpoint``.
 
     ``path`` may hold ``{epoch}`` (epochs counted from 1): ``"/shared/ckpt/epoch-{epoch}.keras"``. It must be

@@ -98,7 +98,8 @@ class HorovodRunnerOperator(BaseOperator):
     def _context_kwargs(self, context: Context) -> dict[str, Any]:
         """Context values the callable asks for by name (``ds``, ``run_id``...): plain ones only, they travel."""
         wanted = {
-            name for name in inspect.signature(self.python_callable).parameters
+            name
+            for name in inspect.signature(self.python_callable).parameters
             if name in context and name not in self.op_kwargs
         }
         unshippable = sorted(name for name in wanted if not isinstance(context[name], _SHIPPABLE))  # type: ignore[literal-required]
@@ -122,9 +123,15 @@ class HorovodRunnerOperator(BaseOperator):
         progress = self._task_state_progress(context)
         try:
             value = self._hook.run(
-                self.python_callable, self.op_args, kwargs, np=np, driver_log_verbosity=self.driver_log_verbosity,
-                slot_wait_timeout=self.slot_wait_timeout, stall_timeout=self.stall_timeout,
-                resume_from=progress.last_checkpoint() if progress else None, progress_sink=progress,
+                self.python_callable,
+                self.op_args,
+                kwargs,
+                np=np,
+                driver_log_verbosity=self.driver_log_verbosity,
+                slot_wait_timeout=self.slot_wait_timeout,
+                stall_timeout=self.stall_timeout,
+                resume_from=progress.last_checkpoint() if progress else None,
+                progress_sink=progress,
             )
         finally:
             self.spark_ui_url = self._hook.ui_url

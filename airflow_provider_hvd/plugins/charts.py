@@ -23,12 +23,19 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
     return low, high
 
 
+def _finite(points: Sequence[Sequence[float | None]]) -> list[tuple[float, float]]:
+    """The points with a finite value (the others are gaps in the curve)."""
+    return [(step or 0.0, value) for step, value in points if value is not None and math.isfinite(value)]
+
+
 def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = _COLORS[0]) -> str:
     """One metric's curve: ``points`` are ``[step, value]`` (value None: a gap). An SVG element, as text."""
-    finite = [(float(step), float(value)) for step, value in points if value is not None and math.isfinite(value)]
+    finite = [(float(step), float(value)) for step, value in _finite(points)]
     title = f'<text x="{_LEFT}" y="18" class="title">{escape(name)}</text>'
-    frame = (f'<rect x="{_LEFT}" y="{_TOP}" width="{WIDTH - _LEFT - _RIGHT}" height="{HEIGHT - _TOP - _BOTTOM}" '
-             'class="frame"/>')
+    frame = (
+        f'<rect x="{_LEFT}" y="{_TOP}" width="{WIDTH - _LEFT - _RIGHT}" height="{HEIGHT - _TOP - _BOTTOM}" '
+        'class="frame"/>'
+    )
     if not finite:
         body = f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" class="empty">no value yet</text>'
         return _svg(name, title + frame + body)
@@ -46,7 +53,7 @@ def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = 
         if value is None or not math.isfinite(value):
             pen_down = False
             continue
-        commands.append(f"{'L' if pen_down else 'M'}{x(float(step)):.1f},{y(float(value)):.1f}")
+        commands.append(f"{'L' if pen_down else 'M'}{x(float(step or 0.0)):.1f},{y(value):.1f}")
         pen_down = True
     last_step, last_value = finite[-1]
     body = (
@@ -62,10 +69,14 @@ def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = 
 
 
 def _svg(name: str, content: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" aria-label="{escape(name)}" '
-            f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">{content}</svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" aria-label="{escape(name)}" '
+        f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">{content}</svg>'
+    )
 
 
 def charts_html(series: dict[str, Sequence[Sequence[float | None]]]) -> str:
     """Every metric's chart, in the order the rank first reported them."""
-    return "".join(chart_svg(name, points, _COLORS[i % len(_COLORS)]) for i, (name, points) in enumerate(series.items()))
+    return "".join(
+        chart_svg(name, points, _COLORS[i % len(_COLORS)]) for i, (name, points) in enumerate(series.items())
+    )

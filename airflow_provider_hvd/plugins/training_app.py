@@ -82,8 +82,10 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
 def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     ti = session.execute(
         select(TaskInstance.state, TaskInstance.try_number).where(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
-            TaskInstance.task_id == task_id, TaskInstance.map_index == map_index,
+            TaskInstance.dag_id == dag_id,
+            TaskInstance.run_id == run_id,
+            TaskInstance.task_id == task_id,
+            TaskInstance.map_index == map_index,
         )
     ).one_or_none()
     if ti is None:
@@ -91,22 +93,30 @@ def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int)
     state = str(ti.state.value if hasattr(ti.state, "value") else ti.state or "none")
     entries = _entries(session, dag_id, run_id, task_id, map_index)
     metrics, checkpoint = entries.get(METRICS_KEY), entries.get(CHECKPOINT_KEY)
-    parts = [f'<div class="meta" data-live="{str(state not in FINISHED).lower()}" data-state="{escape(state)}">'
-             f"Task {escape(state)}, try {ti.try_number}"]
+    parts = [
+        f'<div class="meta" data-live="{str(state not in FINISHED).lower()}" data-state="{escape(state)}">'
+        f"Task {escape(state)}, try {ti.try_number}"
+    ]
     if isinstance(metrics, dict):
-        parts.append(f" · metrics of rank {metrics.get('rank')} from try {metrics.get('try_number')}: "
-                     f"{metrics.get('reports')} reports, last at {escape(str(metrics.get('updated')))}")
+        parts.append(
+            f" · metrics of rank {metrics.get('rank')} from try {metrics.get('try_number')}: "
+            f"{metrics.get('reports')} reports, last at {escape(str(metrics.get('updated')))}"
+        )
         if metrics.get("thinned_by", 1) > 1:
             parts.append(f" (every {metrics['thinned_by']}th point shown)")
     parts.append("</div>")
     if isinstance(checkpoint, dict) and "path" in checkpoint:
-        parts.append(f'<div class="checkpoint" id="checkpoint">Last checkpoint: {escape(describe_checkpoint(checkpoint))}'
-                     f" at {escape(str(checkpoint.get('reported_at')))}</div>")
+        parts.append(
+            f'<div class="checkpoint" id="checkpoint">Last checkpoint: {escape(describe_checkpoint(checkpoint))}'
+            f" at {escape(str(checkpoint.get('reported_at')))}</div>"
+        )
     if isinstance(metrics, dict) and metrics.get("series"):
         parts.append(f'<div class="charts">{charts_html(metrics["series"])}</div>')
     else:
-        parts.append("<p>No training metrics recorded for this task instance yet: ranks report them with "
-                     "<code>log_metrics(step, **metrics)</code>.</p>")
+        parts.append(
+            "<p>No training metrics recorded for this task instance yet: ranks report them with "
+            "<code>log_metrics(step, **metrics)</code>.</p>"
+        )
     return "".join(parts)
 
 
@@ -117,23 +127,34 @@ def create_app() -> FastAPI:
 
     @app.get(page, response_class=HTMLResponse, dependencies=[_can_read_task_instance])
     def training_page(
-        request: Request, dag_id: str, run_id: str, task_id: str, session: SessionDep,
+        request: Request,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        session: SessionDep,
         map_index: Annotated[int, Query(ge=-1)] = -1,
     ) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        panel_src = (f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/tasks/"
-                     f"{quote(task_id, safe='')}/panel?map_index={map_index}")
+        panel_src = (
+            f"{root}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/tasks/"
+            f"{quote(task_id, safe='')}/panel?map_index={map_index}"
+        )
         html = (
             '<!doctype html><html><head><meta charset="utf-8"><title>Training</title>'
             f"<style>{_STYLE}</style></head><body>"
-            f'<div id="panel" data-src="{escape(panel_src)}">{_panel(session, dag_id, run_id, task_id, map_index)}</div>'
+            f'<div id="panel" data-src="{escape(panel_src)}">'
+            f"{_panel(session, dag_id, run_id, task_id, map_index)}</div>"
             f'<script src="{escape(root)}/static/live.js"></script></body></html>'
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     @app.get(page + "/panel", response_class=HTMLResponse, dependencies=[_can_read_task_instance])
     def training_panel(
-        dag_id: str, run_id: str, task_id: str, session: SessionDep, map_index: Annotated[int, Query(ge=-1)] = -1,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        session: SessionDep,
+        map_index: Annotated[int, Query(ge=-1)] = -1,
     ) -> HTMLResponse:
         return HTMLResponse(_panel(session, dag_id, run_id, task_id, map_index), headers={"Cache-Control": "no-store"})
 

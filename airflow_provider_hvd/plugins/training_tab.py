@@ -33,7 +33,10 @@ class TrainingTabPlugin(AirflowPlugin):
     """Metric curves and the last checkpoint of a HorovodRunner task, from its task state store."""
 
     name = "hvd_training"
-    fastapi_apps = [{"app": _AppOnFirstRequest(), "url_prefix": URL_PREFIX, "name": "Horovod training progress"}]
-    external_views = [
+    # AirflowPlugin reads these class attributes (its own are lists too)
+    fastapi_apps = [  # noqa: RUF012
+        {"app": _AppOnFirstRequest(), "url_prefix": URL_PREFIX, "name": "Horovod training progress"}
+    ]
+    external_views = [  # noqa: RUF012
         {"name": "Training", "href": TAB_HREF, "destination": "task_instance", "url_route": "training"},
     ]

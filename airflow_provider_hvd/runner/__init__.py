@@ -45,9 +45,9 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
+    "RunStalledError",
     "last_checkpoint",
     "log_metrics",
-    "RunStalledError",
     "log_to_driver",
     "report_checkpoint",
 ]

@@ -130,7 +130,9 @@ def main(argv: list[str]) -> None:
     rank = None
     try:
         rank = subprocess.Popen(
-            command, env={**os.environ, PARENT_PID_ENV: str(os.getpid())}, pass_fds=(control_fd,),
+            command,
+            env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
+            pass_fds=(control_fd,),
             start_new_session=True,  # its own process group: the agent's terminal signals do not reach it
         )
         # keep none of the rank's pipes open: the agent sees their end once the rank and its children are gone

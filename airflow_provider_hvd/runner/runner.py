@@ -32,7 +32,7 @@ VERBOSITIES = ("all", "log_callback_only")
 HOROVOD_MISSING = (
     "HorovodRunner needs Horovod on the driver and on every executor, and it is not installed here. "
     "Horovod 0.28.1 does not build from PyPI against torch >= 2.1: install it with this project's "
-    "scripts/install_horovod.py (see the README's \"Install\"), e.g. `python scripts/install_horovod.py`."
+    'scripts/install_horovod.py (see the README\'s "Install"), e.g. `python scripts/install_horovod.py`.'
 )
 
 
@@ -178,16 +178,24 @@ class HorovodRunner:
                 conf: Callable[[str], str | None] = lambda key: None  # noqa: E731
             else:
                 spark = active_session()
-                launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
+                launcher = SparkLauncher(
+                    spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
+                )
                 conf = spark.sparkContext.getConf().get
                 warn_if_spark_encrypted(conf)
             liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
             warn_if_gloo_first(liveness, os.environ)
             progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
             supervisor = _supervisor_class()(
-                launcher, payload, self.driver_log_verbosity, lambda: run.cancelled, self.start_timeout_s, progress,
+                launcher,
+                payload,
+                self.driver_log_verbosity,
+                lambda: run.cancelled,
+                self.start_timeout_s,
+                progress,
                 liveness,
-                stall_timeout=self.stall_timeout, code_files=CodeFiles(main, args, kwargs),
+                stall_timeout=self.stall_timeout,
+                code_files=CodeFiles(main, args, kwargs),
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             if self.resume_from is not None:
@@ -198,7 +206,9 @@ class HorovodRunner:
                 finally:
                     progress.flush()
                     self.metrics = progress.history.as_dict()
-                    self.checkpoint = None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
+                    self.checkpoint = (
+                        None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
+                    )
         finally:
             self._runs.remove(run)
 

@@ -10,7 +10,10 @@ from airflow.sdk import DAG, task
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 with DAG(
-    "hvd_resume", schedule=None, start_date=START, catchup=False,
+    "hvd_resume",
+    schedule=None,
+    start_date=START,
+    catchup=False,
     params={"ckpt_dir": "", "fail_after_epoch": 0, "epochs": 6, "epoch_pause_s": 0.0},
 ):
 
@@ -72,6 +75,9 @@ with DAG(
         return {"resumed_from": checkpoint, "epochs_trained": trained, "weights_sha256": digest}
 
     train(
-        ckpt_dir="{{ params.ckpt_dir }}", fail_after_epoch="{{ params.fail_after_epoch }}",
-        epochs="{{ params.epochs }}", epoch_pause_s="{{ params.epoch_pause_s }}", try_number="{{ ti.try_number }}",
+        ckpt_dir="{{ params.ckpt_dir }}",
+        fail_after_epoch="{{ params.fail_after_epoch }}",
+        epochs="{{ params.epochs }}",
+        epoch_pause_s="{{ params.epoch_pause_s }}",
+        try_number="{{ ti.try_number }}",
     )

@@ -17,7 +17,6 @@ def wait_for_data() -> None:
 
 
 with DAG("hvd_execution_timeout", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
-
     # np=-2 (no Spark JVM to start): the timeout must fall once the ranks run, also on a loaded machine
     @task.horovod(np=-2, execution_timeout=timedelta(seconds=40))
     def train_past_the_timeout(pid_dir: str) -> None:

@@ -21,11 +21,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import reaper
 from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
+from ..rank.stacks import STACKS_FILE_ENV
 from ..shared.liveness import Liveness
 from ..shared.messages import (
     Abort,
@@ -45,7 +46,6 @@ from ..shared.messages import (
     receive,
     send,
 )
-from ..rank.stacks import STACKS_FILE_ENV
 from ..shared.rank_tag import tagged
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .activity import ActivityReporter, is_stall_warning
@@ -74,7 +74,9 @@ class AgentArgs:
     echo_output: bool  # lines go to this process's stderr too, tagged with the rank (the executor's log)...
     echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
     keep_omp_threads: bool = False  # OMP_NUM_THREADS was set explicitly for the ranks (see rank_env)
-    liveness: Liveness = Liveness()  # heartbeats with the driver (the run's settings, from the driver)
+    liveness: Liveness = field(
+        default_factory=Liveness
+    )  # heartbeats with the driver (the run's settings, from the driver)
     activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
 
 
@@ -107,10 +109,22 @@ class _RankProcess:
         out_read, out_write = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _REAPER, str(os.getpid()), sys.executable, "-m",
-                 "airflow_provider_hvd.runner.rank"],
-                stdin=subprocess.PIPE, stdout=out_write, stderr=out_write,  # one pipe: the rank's order is kept
-                env=env, pass_fds=(ctl_write,), start_new_session=True,
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    _REAPER,
+                    str(os.getpid()),
+                    sys.executable,
+                    "-m",
+                    "airflow_provider_hvd.runner.rank",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=out_write,
+                stderr=out_write,  # one pipe: the rank's order is kept
+                env=env,
+                pass_fds=(ctl_write,),
+                start_new_session=True,
             )
         finally:
             os.close(ctl_write)
@@ -148,8 +162,10 @@ class _RankProcess:
                     self.messages_lost += 1
                     if piece > self._last_seq and self._control_open:
                         self._given_up.add(piece)
-                    text = (f"[a log_to_driver message (#{piece}) did not reach the agent in time; "
-                            f"{self.messages_lost} so far]")
+                    text = (
+                        f"[a log_to_driver message (#{piece}) did not reach the agent in time; "
+                        f"{self.messages_lost} so far]"
+                    )
             self._echo(text, relayed=True)
             self._outbox.put(text)
             return
@@ -270,7 +286,8 @@ def _run_rank(
     watcher.start()
     activity = (
         ActivityReporter(stream, args.activity_every_s, lambda: rank_process.last_active)
-        if args.activity_every_s else None
+        if args.activity_every_s
+        else None
     )
     exit_code = rank_process.wait()
     if activity is not None:

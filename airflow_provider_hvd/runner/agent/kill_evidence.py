@@ -6,8 +6,8 @@ after it ended: the OOM kill counter of its memory cgroup (cgroup v2 ``memory.ev
 ``memory.oom_control``: the agent, its rank and the executor share the container's cgroup) and the host's
 (``/proc/vmstat``); after: the cgroup's memory limit (the smallest of it and its parents) and peak, the
 kernel log's lines since the rank started that name its pid (``/dev/kmsg``, when readable), and the
-address-space limit the rank inherited (``spark.executor.pyspark.memory`` sets one). The driver adds the Spark settings and says
-what it makes of it all (:mod:`..driver.kills`).
+address-space limit the rank inherited (``spark.executor.pyspark.memory`` sets one). The driver adds the
+Spark settings and says what it makes of it all (:mod:`..driver.kills`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def memory_cgroup(pid: int | str = "self") -> MemoryCgroup | None:
                     continue
                 if version == 1 and "memory" not in options.split(","):
                     continue
-                relative = name[len(root):] if root != "/" and name.startswith(root) else name
+                relative = name[len(root) :] if root != "/" and name.startswith(root) else name
                 path = Path(point) / relative.lstrip("/")
                 if (path / ("memory.events" if version == 2 else "memory.oom_control")).exists():
                     return MemoryCgroup(version, name, path, Path(point))
@@ -170,9 +170,12 @@ class MemoryWatch:
             after = cgroup.oom_kills()
             limit = cgroup.limit()
             found.update(
-                cgroup=cgroup.name, cgroup_version=cgroup.version, memory_peak=cgroup.peak(),
+                cgroup=cgroup.name,
+                cgroup_version=cgroup.version,
+                memory_peak=cgroup.peak(),
                 cgroup_oom_kills=None if after is None or self._cgroup_kills is None else after - self._cgroup_kills,
-                memory_limit=limit[0] if limit else None, limit_cgroup=limit[1] if limit else None,
+                memory_limit=limit[0] if limit else None,
+                limit_cgroup=limit[1] if limit else None,
             )
         after_host = host_oom_kills()
         if after_host is not None and self._host_kills is not None:

@@ -45,8 +45,11 @@ def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_o
     driver's environment for local runs), so it stays; else it is computed.
     """
     env = {
-        **base, **start.horovod_env, **gpu_env(start.gpus),
-        GLOO_IFACE: interface_of(hello.host), "PYTHONUNBUFFERED": "1",
+        **base,
+        **start.horovod_env,
+        **gpu_env(start.gpus),
+        GLOO_IFACE: interface_of(hello.host),
+        "PYTHONUNBUFFERED": "1",
     }
     if not (keep_omp_threads and "OMP_NUM_THREADS" in base):
         env["OMP_NUM_THREADS"] = str(omp_threads(hello, start.local_size))

@@ -164,7 +164,10 @@ def make_room_for_connections(count: int) -> None:
     if raised < needed:
         log.warning(
             "HorovodRunner: this process may open %d files (its hard limit), and %d agent connections need about "
-            "%d: raise the limit (ulimit -n) for runs this large", hard, count, needed,
+            "%d: raise the limit (ulimit -n) for runs this large",
+            hard,
+            count,
+            needed,
         )
 
 
@@ -274,7 +277,9 @@ class DriverChannel:
             self._warned_full = True
             log.warning(
                 "HorovodRunner: %d connections are proving the secret at once, the most the driver channel serves "
-                "together; more wait until one does or times out (%.0fs)", self._pending, wire.HANDSHAKE_TIMEOUT_S,
+                "together; more wait until one does or times out (%.0fs)",
+                self._pending,
+                wire.HANDSHAKE_TIMEOUT_S,
             )
 
     def _accept(self) -> None:
@@ -345,6 +350,7 @@ class DriverChannel:
         conn.close()
 
     def _on_readable(self, conn: AgentConnection) -> None:
+        error: OSError | None
         try:
             data = conn.sock.recv(_READ_BYTES)
         except OSError as exc:
@@ -377,7 +383,7 @@ class DriverChannel:
     def _on_frames(self, conn: AgentConnection, data: bytes) -> None:
         try:
             for kind, body in conn.decoder.feed(data):
-                if self._on_message(conn, decode(kind, body)):
+                if self._on_message(conn, decode(kind, bytes(body))):
                     self._drop(conn)
                     return
         except Exception as exc:  # noqa: BLE001 - a malformed frame from an authenticated agent is a bug: say so
@@ -422,7 +428,9 @@ class DriverChannel:
             conn.lines_dropped += batch.dropped
             rank_log.warning(
                 RANK_TAG + " %d lines of output were dropped here: the driver did not keep up (%d in all)",
-                conn.rank, batch.dropped, conn.lines_dropped,
+                conn.rank,
+                batch.dropped,
+                conn.lines_dropped,
             )
         for text in batch.lines:
             rank_log.info(RANK_LINE, conn.rank, text)

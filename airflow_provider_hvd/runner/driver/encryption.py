@@ -26,5 +26,6 @@ def warn_if_spark_encrypted(conf: Callable[[str], str | None]) -> None:
     log.warning(
         "HorovodRunner: %s=true encrypts Spark's own traffic, but not the run's: the driver channel (authenticated "
         "with a per-run secret; it carries the ranks' slots, logs and rank 0's result) and Horovod's Gloo traffic "
-        "between the ranks (the tensors) travel unencrypted. Run on a network you trust.", setting,
+        "between the ranks (the tensors) travel unencrypted. Run on a network you trust.",
+        setting,
     )

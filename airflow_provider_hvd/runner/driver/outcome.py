@@ -252,7 +252,11 @@ class RunOutcome:
     def _decide_if_all_reported(self) -> Event | None:
         if self.phase is not Phase.SETTLING:
             return None
-        failed = {rank for event in self._candidates for rank in (event.ranks if isinstance(event, HostLost) else [event.rank])}
+        failed = {
+            rank
+            for event in self._candidates
+            for rank in (event.ranks if isinstance(event, HostLost) else [event.rank])
+        }
         if len(self.succeeded | failed) < self.size:
             return None
         return self._decide()

@@ -108,9 +108,13 @@ class MetricsHistory:
         """
         full = {name: [[step, _round(value)] for step, value in points] for name, points in self.as_dict().items()}
         value: dict[str, Any] = {
-            "format": FORMAT_VERSION, **extra, "reports": self.reports,
+            "format": FORMAT_VERSION,
+            **extra,
+            "reports": self.reports,
             "updated": _utc(self.updated) if self.updated else None,
-            "series": full, "thinned_by": 1, "left_out": sorted(self.ignored_names),
+            "series": full,
+            "thinned_by": 1,
+            "left_out": sorted(self.ignored_names),
         }
         k = 1
         while len(json.dumps(value)) > max_bytes:
@@ -125,7 +129,7 @@ class MetricsHistory:
             del value["series"][name]
             value["left_out"] = sorted({*value["left_out"], name})
         if len(json.dumps(value)) > max_bytes:
-            value["left_out"] = value["left_out"][:10] + ["..."]
+            value["left_out"] = [*value["left_out"][:10], "..."]
         return value
 
 
@@ -236,9 +240,13 @@ class RunProgress:
             return force or now - self._written_at[key] >= self._interval_s
 
         with self._lock:
-            checkpoint = dict(self.checkpoint) if self._checkpoint_dirty and due("checkpoint") else None
+            checkpoint = (
+                dict(self.checkpoint) if self.checkpoint and self._checkpoint_dirty and due("checkpoint") else None
+            )
             max_bytes = getattr(self._sink, "max_bytes", SNAPSHOT_MAX_BYTES)
-            snapshot = self.history.snapshot(max_bytes, rank=self.rank) if self._metrics_dirty and due("metrics") else None
+            snapshot = (
+                self.history.snapshot(max_bytes, rank=self.rank) if self._metrics_dirty and due("metrics") else None
+            )
             if checkpoint is not None:
                 self._checkpoint_dirty, self._written_at["checkpoint"] = False, now
             if snapshot is not None:

@@ -20,15 +20,15 @@ REQUEST_TIMEOUT_S = 10.0
 _PAYLOAD_TOO_LARGE = 413
 
 
-class _Handler(RendezvousHandler):
+class _Handler(RendezvousHandler):  # type: ignore[misc]  # Horovod has no type information
     timeout = REQUEST_TIMEOUT_S  # per read
 
     def setup(self) -> None:
         super().setup()
-        self.server.track(self.connection)  # type: ignore[attr-defined]
+        self.server.track(self.connection)
 
     def finish(self) -> None:
-        self.server.untrack(self.connection)  # type: ignore[attr-defined]
+        self.server.untrack(self.connection)
         super().finish()
 
     def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
@@ -40,7 +40,7 @@ class _Handler(RendezvousHandler):
         super().do_PUT()
 
 
-class _Server(RendezvousHTTPServer):
+class _Server(RendezvousHTTPServer):  # type: ignore[misc]
     daemon_threads = True
 
     def __init__(self, host: str, port: int) -> None:
@@ -49,7 +49,7 @@ class _Server(RendezvousHTTPServer):
         self._open: dict[socket.socket, float] = {}
         self._open_lock = threading.Lock()
 
-    def verify_request(self, request: object, client_address: tuple[str, int]) -> bool:  # type: ignore[override]
+    def verify_request(self, request: object, client_address: tuple[str, int]) -> bool:
         return client_address[0] in self.allowed
 
     def track(self, conn: socket.socket) -> None:
@@ -108,6 +108,6 @@ def plan_ranks(hosts: list[str]) -> list[SlotInfo]:
     slots = get_host_assignments([HostInfo(host, len(agents)) for host, agents in per_host.items()], len(hosts))
     by_agent: list[SlotInfo | None] = [None] * len(hosts)
     agents_in_rank_order = [agent for agents in per_host.values() for agent in agents]
-    for agent, slot in zip(agents_in_rank_order, slots):
+    for agent, slot in zip(agents_in_rank_order, slots, strict=False):
         by_agent[agent] = slot
-    return by_agent  # type: ignore[return-value]
+    return by_agent

@@ -150,7 +150,9 @@ def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None
         )
         return _rank_failed(cause.rank, text, lines, exit_code=None, traceback=None, tail=[])
     if isinstance(cause, HostLost):
-        return _rank_failed(cause.rank, host_lost_text(cause, outcome.size), lines, exit_code=None, traceback=None, tail=[])
+        return _rank_failed(
+            cause.rank, host_lost_text(cause, outcome.size), lines, exit_code=None, traceback=None, tail=[]
+        )
     assert isinstance(cause, RankFailed)
     done = cause.done
     parts = [f"Horovod rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]

@@ -39,7 +39,7 @@ def check_slot_wait_timeout(seconds: float) -> float:
 
 def slots_now(sc: SparkContext) -> int:
     """How many tasks the application's executors can run at once right now (what a barrier stage needs)."""
-    jsc = sc._jsc.sc()  # type: ignore[attr-defined]
+    jsc = sc._jsc.sc()
     return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
 
 
@@ -94,7 +94,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
 def slots_at_most(sc: SparkContext) -> int | None:
     """The most task slots this application could ever have, or None where that cannot be known (YARN, k8s)."""
 
-    if is_local(sc.master):
+    if is_local(sc.master or ""):
         return slots_now(sc)  # the driver's own threads: all there from the start
     state = master_state(sc)
     if state is None:
@@ -132,17 +132,24 @@ def limits_note(state: dict[str, Any] | None, conf: dict[str, str], size: int) -
     change; else nothing (the message's ``spark.task.cpus`` says it)."""
     if not conf.get(TASK_GPUS):
         return ""
-    asked = f"each executor gets {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS) or 0}, each task {TASK_GPUS}={conf.get(TASK_GPUS)}"
-    more_gpus = ("give the cluster more GPUs (the workers' spark.worker.resource.gpu.amount and discovery script, "
-                 "or more GPU executors), or ask for fewer per task")
+    asked = (
+        f"each executor gets {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS) or 0}, "
+        f"each task {TASK_GPUS}={conf.get(TASK_GPUS)}"
+    )
+    more_gpus = (
+        "give the cluster more GPUs (the workers' spark.worker.resource.gpu.amount and discovery script, "
+        "or more GPU executors), or ask for fewer per task"
+    )
     if state is None:
         return f" GPUs are what limits it: {asked}. To fit, {more_gpus}."
     on_workers = f" ({sum(_gpus_of(w) for w in state['workers'] if w.get('state') == 'ALIVE')} on the workers)"
     cores_limit = standalone_capacity(state, conf, count_gpus=False) < size
     gpus_limit = _gpu_slots(state, conf) < size
     if cores_limit and gpus_limit:
-        return (f" Cores and GPUs both limit it: each task needs spark.task.cpus={conf.get('spark.task.cpus') or 1} "
-                f"cores, and {asked}{on_workers}. To fit, give the cluster more cores and {more_gpus}.")
+        return (
+            f" Cores and GPUs both limit it: each task needs spark.task.cpus={conf.get('spark.task.cpus') or 1} "
+            f"cores, and {asked}{on_workers}. To fit, give the cluster more cores and {more_gpus}."
+        )
     if cores_limit:
         return ""
     return f" GPUs are what limits it{on_workers}: {asked}. To fit, {more_gpus}."
@@ -157,12 +164,18 @@ def total_unknown_note(sc: SparkContext) -> str:
     if state is not None:
         return ""
     if master.startswith("spark://"):
-        return (f"the cluster's total is unknown ({why}): set {MASTER_WEB_UI_CONF} to the standalone master's web UI "
-                "(e.g. http://spark-master:8080) so that a job that can never fit is refused at once")
-    return f"the cluster's total is unknown on {master.split(':')[0]}: executors come as the cluster manager grants them"
+        return (
+            f"the cluster's total is unknown ({why}): set {MASTER_WEB_UI_CONF} to the standalone master's web UI "
+            "(e.g. http://spark-master:8080) so that a job that can never fit is refused at once"
+        )
+    return (
+        f"the cluster's total is unknown on {master.split(':')[0]}: executors come as the cluster manager grants them"
+    )
 
 
-def never_fits_error(master: str, size: int, total: int, conf: dict[str, str], state: dict[str, Any] | None) -> LaunchError:
+def never_fits_error(
+    master: str, size: int, total: int, conf: dict[str, str], state: dict[str, Any] | None
+) -> LaunchError:
     """The refusal of a job of ``size`` ranks on a cluster of at most ``total`` slots."""
     task_cpus = conf.get("spark.task.cpus") or 1
     return LaunchError(
@@ -202,7 +215,7 @@ def wait_for_slots(
         now = time.monotonic()
         if cancelled():
             raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots on {sc.master}")
-        if sc._jsc is None or sc._jsc.sc().isStopped():  # type: ignore[attr-defined]
+        if sc._jsc is None or sc._jsc.sc().isStopped():
             raise LaunchError(
                 f"the SparkContext on {sc.master} stopped while HorovodRunner waited for {size} task slots "
                 "(did the master give up the application?); see Spark's log above"
@@ -221,7 +234,13 @@ def wait_for_slots(
             at_most = f" of the {total} it could hold" if total is not None else f"; {unknown}" if unknown else ""
             log.warning(
                 "HorovodRunner: waiting for %d Spark task slots on %s; the application has %d%s "
-                "(%.0fs waited, up to %gs)", size, sc.master, slots, at_most, now - started, timeout,
+                "(%.0fs waited, up to %gs)",
+                size,
+                sc.master,
+                slots,
+                at_most,
+                now - started,
+                timeout,
             )
             next_report = now + REPORT_EVERY_S
             total = slots_at_most(sc)  # workers may have come or gone

@@ -30,6 +30,7 @@ _PY4J_CALL = "An error occurred while calling "
 _JVM_PREFIXES = (": ", 'Exception in thread "main" ', "org.apache.spark.SparkException: ")
 _LOCAL_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?")
 
+
 def is_local(master: str) -> bool:
     """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: the executors are threads of the driver's JVM.
 
@@ -45,7 +46,8 @@ def summary(error: BaseException | str, first_line: bool = False) -> str:
     the first line of it (the message of the outermost exception).
     """
     lines = [
-        line for line in str(error).splitlines()
+        line
+        for line in str(error).splitlines()
         if line.strip() and not _JVM_FRAME.match(line) and not line.startswith(_PY4J_CALL)
     ]
     text = "\n".join(lines[:1] if first_line else lines).strip()
@@ -72,16 +74,21 @@ def active_session() -> SparkSession:
         spark = SparkSession.builder.getOrCreate()
     if spark is None:
         default_executor_python("local[*]")
-        spark = SparkSession.builder.master("local[*]").appName("HorovodRunner").config(
-            "spark.ui.showConsoleProgress", "false"  # a progress bar is noise in a task log
-        ).getOrCreate()
+        spark = (
+            SparkSession.builder.master("local[*]")
+            .appName("HorovodRunner")
+            .config(
+                "spark.ui.showConsoleProgress",
+                "false",  # a progress bar is noise in a task log
+            )
+            .getOrCreate()
+        )
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         raise LaunchError(
             "HorovodRunner(np>0) needs a classic SparkSession (a barrier job on a SparkContext); the active "
             "session is a Spark Connect one (sc://). Use a spark://, yarn, k8s:// or local master, or np<0."
         )
     return spark
-
 
 
 def standalone_masters(master: str) -> list[tuple[str, int]]:
@@ -95,8 +102,10 @@ def standalone_masters(master: str) -> list[tuple[str, int]]:
     for entry in master.removeprefix("spark://").split(","):
         match = re.fullmatch(r"(\[[^\]\s]+\]|[^:\[\]\s]+):(\d+)", entry.strip())  # host:port, [v6]:port
         if match is None:
-            raise ValueError(f"{master!r} is not a standalone master URL: each master needs a host and a port, "
-                             "e.g. spark://spark-master:7077")
+            raise ValueError(
+                f"{master!r} is not a standalone master URL: each master needs a host and a port, "
+                "e.g. spark://spark-master:7077"
+            )
         masters.append((match.group(1).strip("[]"), int(match.group(2))))
     return masters
 
@@ -106,7 +115,7 @@ def master_web_ui(sc: SparkContext) -> str | None:
     configured = sc.getConf().get(MASTER_WEB_UI_CONF)
     if configured:
         return configured.rstrip("/")
-    masters = standalone_masters(sc.master)
+    masters = standalone_masters(sc.master or "")
     return f"http://{masters[0][0]}:{MASTER_WEB_UI_PORT}" if masters else None
 
 

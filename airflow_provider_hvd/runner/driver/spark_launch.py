@@ -76,7 +76,7 @@ class SparkLauncher:
         self.slot_wait_timeout = slot_wait_timeout
         self.cancelled = cancelled
         self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
-        self.local = is_local(self.sc.master)
+        self.local = is_local(self.sc.master or "")
         self.driver = spark_driver_address(self.sc.getConf().get, self.local)  # a bad port setting fails here
         self._thread: threading.Thread | None = None
         self._payload: Broadcast[bytes] | None = None
@@ -110,7 +110,11 @@ class SparkLauncher:
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(
-            host, port, secret, relay_output=verbosity == "all", echo_output=True,
+            host,
+            port,
+            secret,
+            relay_output=verbosity == "all",
+            echo_output=True,
             echo_relayed=not self.local,  # local executors' stderr is the driver's own: relayed lines would show twice
             keep_omp_threads=self.sc.getConf().get("spark.executorEnv.OMP_NUM_THREADS") is not None,
         )
@@ -119,7 +123,7 @@ class SparkLauncher:
         try:
             self.sc.setJobGroup(self.group, f"HorovodRunner: {self.size} ranks", interruptOnCancel=True)
             rdd = self.sc.parallelize(range(self.size), self.size)
-            rdd.barrier().mapPartitions(task).collect()
+            rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = exc
 
@@ -151,13 +155,15 @@ class SparkLauncher:
     def _stopped(self) -> str | None:
         """Why the run cannot go on when the SparkContext has stopped; None while it runs."""
         try:
-            stopped = self.sc._jsc is None or self.sc._jsc.sc().isStopped()  # type: ignore[attr-defined]
+            stopped = self.sc._jsc is None or self.sc._jsc.sc().isStopped()
         except Exception:  # noqa: BLE001 - its JVM is gone too
             stopped = True
         if not stopped:
             return None
-        return (f"the SparkContext on {self.sc.master} stopped while the ranks ran (stopped by the application, "
-                "or the cluster manager ended the application: see Spark's log above)")
+        return (
+            f"the SparkContext on {self.sc.master} stopped while the ranks ran (stopped by the application, "
+            "or the cluster manager ended the application: see Spark's log above)"
+        )
 
     def _poll(self) -> str | None:
         """Poll Spark's status store; the reason the run cannot go on when the SparkContext has stopped."""
@@ -169,7 +175,9 @@ class SparkLauncher:
                 return stopped
             if not self._poll_error_logged:  # the channel still watches the ranks: a nicety is missing, no more
                 self._poll_error_logged = True
-                log.warning("HorovodRunner: could not read the Spark job's task status: %s", summary(exc, first_line=True))
+                log.warning(
+                    "HorovodRunner: could not read the Spark job's task status: %s", summary(exc, first_line=True)
+                )
         return None
 
     def task_failure(self, task: tuple[int, int]) -> str | None:

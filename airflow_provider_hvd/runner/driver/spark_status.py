@@ -38,7 +38,7 @@ class BarrierJobStatus:
         self._ours: set[Task] = set()  # killed by the run's own cancellation of its job group
 
     def _jvm_status(self) -> tuple[Any, Any]:
-        jsc = self._sc._jsc  # type: ignore[attr-defined]
+        jsc = self._sc._jsc
         if jsc is None:
             raise RuntimeError("the SparkContext has stopped")
         if self._jvm_objects is None:
@@ -80,16 +80,22 @@ class BarrierJobStatus:
             return True
 
     def _list(self, tracker: Any, store: Any, counted: list[tuple[int, int]]) -> None:
-        jvm = self._sc._jvm  # type: ignore[attr-defined]
+        jvm = self._sc._jvm
         assert jvm is not None
         v1 = jvm.org.apache.spark.status.api.v1
-        for stage_id, (last_attempt, _) in zip(self._stage_ids, counted):
+        for stage_id, (last_attempt, _) in zip(self._stage_ids, counted, strict=False):
             for attempt in range(last_attempt + 1):
                 for status, found in ((v1.TaskStatus.FAILED, self.failed), (v1.TaskStatus.KILLED, self.killed)):
                     if found is self.killed and self.failed:
                         continue  # a failure explains the kills
-                    tasks = store.taskList(stage_id, attempt, 0, _MAX_TASKS, v1.TaskSorting.ID,
-                                           jvm.java.util.Collections.singletonList(status))
+                    tasks = store.taskList(
+                        stage_id,
+                        attempt,
+                        0,
+                        _MAX_TASKS,
+                        v1.TaskSorting.ID,
+                        jvm.java.util.Collections.singletonList(status),
+                    )
                     iterator = tasks.iterator()
                     while iterator.hasNext():
                         task = iterator.next()
@@ -107,7 +113,10 @@ class BarrierJobStatus:
         message = task.errorMessage()
         reason = summary(message.get()) if message.isDefined() else "no reason given"
         verb = "was killed" if killed else "failed"
-        return f"Spark task {task.index()} (attempt {task.attempt()}) {verb} on executor {task.executorId()} ({task.host()}): {reason}"
+        return (
+            f"Spark task {task.index()} (attempt {task.attempt()}) {verb} on executor {task.executorId()} "
+            f"({task.host()}): {reason}"
+        )
 
     def first_failure(self) -> str | None:
         """Spark's reason for the first failed task, else for a task killed from outside the run; None if none."""

@@ -58,9 +58,11 @@ class Launcher(Protocol):
     def describe(self) -> str: ...
     def check_slots(self) -> None:
         """Return once the ranks can start (the driver already listens: a taken port fails before any wait)."""
+
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs: ...
     def start(self, args: AgentArgs, payload: bytes) -> None:
         """Start the agents; each hands ``payload`` (the pickled job) to its rank. Keep no copy not needed."""
+
     def failure(self) -> LaunchFailed | None: ...
     def task_failure(self, task: tuple[int, int]) -> str | None: ...
     def stop(self, cancel: bool) -> None: ...
@@ -99,7 +101,9 @@ class Supervisor:
     def run(self) -> Any:
         secret = new_secret()
         driver = self.launcher.driver
-        channel = driver.listen(CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness))
+        channel = driver.listen(
+            CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness)
+        )
         channel.on_progress = self._progress.take
         try:
             self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
@@ -171,7 +175,9 @@ class Supervisor:
                 if now - launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
                     self._record(failure)
             if self._outcome.phase is Phase.STARTING and now > start_deadline:
-                self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+                self._record(
+                    StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe())
+                )
             if self._stalls is not None and self._outcome.phase is Phase.RUNNING:
                 stalled = self._stalls.check(self._running(), now)
                 if stalled is not None:
@@ -234,7 +240,8 @@ class Supervisor:
                 self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
             else:
                 evidence = message.kill_evidence and {
-                    **message.kill_evidence, "memory_settings": self._memory_settings()
+                    **message.kill_evidence,
+                    "memory_settings": self._memory_settings(),
                 }
                 self._record(RankFailed(conn.rank, where, message, received_at=received_at, kill_evidence=evidence))  # type: ignore[arg-type]
         elif isinstance(message, AgentFailedMessage):
@@ -260,7 +267,7 @@ class Supervisor:
             return False
         for other in others:
             self._finished.add(id(other))  # their own silence, when the channel notices it, is not news
-        ranks = tuple(sorted([conn.rank, *(other.rank for other in others)]))  # type: ignore[misc]
+        ranks = tuple(sorted([conn.rank, *(other.rank for other in others if other.rank is not None)]))
         detail = (
             f"for {silent_for:.0f}s (heartbeat timeout {self._liveness.timeout_s:g}s): the host is down, or the "
             "network between it and this driver is cut"
@@ -283,8 +290,12 @@ class Supervisor:
         self._rendezvous.init(plan, [conn.peer_host for conn in self._agents])
         settings = forwarded_settings(os.environ)
         gpus = self._visible_gpus(plan)
-        for conn, slot, seen in zip(self._agents, plan, gpus):
-            env = {**settings, **slot_env(slot, self._rendezvous.host, self._rendezvous.port), **self._progress.rank_env()}
+        for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
+            env = {
+                **settings,
+                **slot_env(slot, self._rendezvous.host, self._rendezvous.port),
+                **self._progress.rank_env(),
+            }
             start = Start(slot.rank, env, slot.local_size, seen)
             try:
                 conn.start(start)
@@ -301,6 +312,6 @@ class Supervisor:
         seen: list[list[str] | None] = [None] * len(plan)
         for agents in by_host.values():
             own = [self._agents[agent].hello.resources.get(GPU, []) for agent in agents]  # type: ignore[union-attr]
-            for agent, gpus in zip(agents, visible_gpus(own)):
+            for agent, gpus in zip(agents, visible_gpus(own), strict=False):
                 seen[agent] = gpus
         return seen

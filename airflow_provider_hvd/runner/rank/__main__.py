@@ -24,7 +24,7 @@ from .stacks import arm_stack_dumps
 
 def _pickle_result(value: object) -> bytes:
     try:
-        data = cloudpickle.dumps(value)
+        data: bytes = cloudpickle.dumps(value)
     except Exception as exc:
         raise TypeError(
             f"rank 0's return value, a {type(value).__qualname__}, cannot be pickled to travel to the driver "

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 
-from ..reaper import CONTROL_FD_ENV  # the reaper, standard library only, cannot import this module
+from ..reaper import CONTROL_FD_ENV as CONTROL_FD_ENV  # (the reaper, standard library only, imports nothing here)
 from ..shared.messages import DriverMessage, Message, send
 from ..shared.wire import FrameStream
 

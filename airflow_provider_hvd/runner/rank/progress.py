@@ -53,8 +53,11 @@ def log_metrics(step: int | float, **metrics: Any) -> None:
     step = int(step) if float(step).is_integer() else float(step)
     pipe = control_pipe()
     if pipe is None:
-        print(f"step {step}: " + " ".join(f"{name}={value:.4g}" if value is not None else f"{name}=nan"
-                                         for name, value in values.items()), flush=True)
+        print(
+            f"step {step}: "
+            + " ".join(f"{name}={value:.4g}" if value is not None else f"{name}=nan" for name, value in values.items()),
+            flush=True,
+        )
         return
     pipe.send(RankMetrics(step, values, time.time()))
 
@@ -77,8 +80,10 @@ def report_checkpoint(path: str | os.PathLike[str], **info: Any) -> None:
     except (TypeError, ValueError) as exc:
         raise TypeError(f"report_checkpoint(): info must be JSON (numbers, strings, lists, dicts): {exc}") from None
     if size > MAX_INFO_BYTES:
-        raise ValueError(f"report_checkpoint(): info is {size} bytes as JSON, more than {MAX_INFO_BYTES}; "
-                         "keep it small (an epoch, a step, a metric) and put the rest in the checkpoint itself")
+        raise ValueError(
+            f"report_checkpoint(): info is {size} bytes as JSON, more than {MAX_INFO_BYTES}; "
+            "keep it small (an epoch, a step, a metric) and put the rest in the checkpoint itself"
+        )
     pipe = control_pipe()
     if pipe is None:
         print(f"checkpoint {path} {json.dumps(info)}", flush=True)

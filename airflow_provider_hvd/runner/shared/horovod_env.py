@@ -14,9 +14,17 @@ if TYPE_CHECKING:
 
 GLOO_IFACE = "HOROVOD_GLOO_IFACE"  # set by the agent: the interface that reaches the driver
 SLOT_VARS = (
-    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-    "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
-    "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT",
+    "HOROVOD_CONTROLLER",
+    "HOROVOD_CPU_OPERATIONS",
 )
 # what HorovodRunner sets for each rank; the driver's own values of these are not forwarded
 RUNNER_SET = frozenset({*SLOT_VARS, GLOO_IFACE})
@@ -25,8 +33,17 @@ RUNNER_SET = frozenset({*SLOT_VARS, GLOO_IFACE})
 def slot_env(slot: SlotInfo, rendezvous_host: str, rendezvous_port: int) -> dict[str, str]:
     """The environment that makes ``hvd.init()`` in a rank process join this run over Gloo."""
     values = (
-        slot.rank, slot.size, slot.local_rank, slot.local_size, slot.cross_rank, slot.cross_size, slot.hostname,
-        rendezvous_host, rendezvous_port, "gloo", "gloo",
+        slot.rank,
+        slot.size,
+        slot.local_rank,
+        slot.local_size,
+        slot.cross_rank,
+        slot.cross_size,
+        slot.hostname,
+        rendezvous_host,
+        rendezvous_port,
+        "gloo",
+        "gloo",
     )
     return {name: str(value) for name, value in zip(SLOT_VARS, values, strict=True)}
 

@@ -85,6 +85,8 @@ def warn_if_gloo_first(liveness: Liveness, driver_env: Mapping[str, str]) -> Non
     if liveness.timeout_s >= gloo:
         log.warning(
             "HorovodRunner: the heartbeat timeout (%gs) is not shorter than Gloo's (%gs, %s): a host that vanishes "
-            "may be reported as a Gloo timeout on a surviving rank instead of by name", liveness.timeout_s, gloo,
+            "may be reported as a Gloo timeout on a surviving rank instead of by name",
+            liveness.timeout_s,
+            gloo,
             GLOO_TIMEOUT_ENV,
         )

@@ -258,8 +258,7 @@ class RankReady(Message):
 
 
 _BY_KIND: dict[Kind, type[Message]] = {
-    cls.KIND: cls
-    for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Abort, RankError, DriverMessage)
+    cls.KIND: cls for cls in (Hello, LogBatch, Result, Done, AgentFailed, Start, Abort, RankError, DriverMessage)
 }
 _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
 _BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})

@@ -113,7 +113,9 @@ def _check_size(
     main_size = pickled_size(fn)
     log.info(
         "HorovodRunner: the pickled job is %s: main (%s) %s, its arguments %s",
-        format_size(size), getattr(fn, "__qualname__", type_name(fn)), format_size(main_size),
+        format_size(size),
+        getattr(fn, "__qualname__", type_name(fn)),
+        format_size(main_size),
         format_size(max(size - main_size, 0)),
     )
     if size <= warn_bytes:
@@ -124,7 +126,10 @@ def _check_size(
     log.warning(
         "HorovodRunner: the pickled job is %s (over %s): every rank loads it before it starts, which "
         "slows the start. Largest parts: %s. To make it smaller, %s",
-        format_size(size), format_size(warn_bytes), parts, _INSTEAD,
+        format_size(size),
+        format_size(warn_bytes),
+        parts,
+        _INSTEAD,
     )
 
 
@@ -142,7 +147,7 @@ def dumps_job(
     by_value = [module] if module is not None and not is_installed(module) else []
     with _BY_VALUE_LOCK, _by_value(by_value):
         try:
-            payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+            payload: bytes = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
         except MemoryError:
             raise
         except Exception as exc:

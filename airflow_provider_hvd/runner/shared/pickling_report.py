@@ -101,14 +101,14 @@ def _function_parts(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
     for name, value in slots["__globals__"].items():
         yield f"global {name!r}", value
     code = fn.__code__
-    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
         try:
             yield f"closure variable {name!r}", cell.cell_contents
         except ValueError:
             continue  # an empty cell (the variable is not assigned yet)
     defaults = fn.__defaults__ or ()
     with_defaults = code.co_varnames[code.co_argcount - len(defaults) : code.co_argcount]
-    yield from ((f"default of {name!r}", value) for name, value in zip(with_defaults, defaults))
+    yield from ((f"default of {name!r}", value) for name, value in zip(with_defaults, defaults, strict=False))
     yield from ((f"default of {name!r}", value) for name, value in (fn.__kwdefaults__ or {}).items())
     yield from ((f"attribute {name!r}", value) for name, value in state.items())
 
@@ -196,7 +196,7 @@ def largest_parts(roots: Sequence[tuple[str, Any]], count: int = 5) -> list[tupl
     globals count as the job's), everything else is one part; an object reached twice counts once."""
     leaves: list[tuple[str, Any]] = []
     seen: set[int] = set()
-    pending = [((label,), obj) for label, obj in reversed(roots)]
+    pending: list[tuple[tuple[str, ...], Any]] = [((label,), obj) for label, obj in reversed(roots)]
     while pending:
         path, obj = pending.pop()
         if id(obj) in seen:

@@ -206,4 +206,3 @@ def connect_handshake(sock: socket.socket, secret: bytes) -> None:
     if not hmac.compare_digest(_recv_exact(sock, PROOF_BYTES), driver_proof):
         raise AuthenticationError("the driver did not prove this run's secret")
     sock.settimeout(None)
-
