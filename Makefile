@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	scripts/check_prereqs.sh $(PYTHON)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel packaging
-	$(PIP) install torch==2.13.0
+	@# the frameworks first: horovod is built against them (PyTorch and TensorFlow in one wheel)
+	$(PIP) install torch==2.13.0 tensorflow==2.21.0 tf-keras==2.21.0
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) scripts/install_horovod.py
-	$(PIP) install -e '.[horovod,airflow,torch,keras,dev,docs]'
+	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,dev,docs]'
 	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
 	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.
 	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \

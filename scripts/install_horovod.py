@@ -8,17 +8,29 @@ existing Airflow deployment before this package is installed (see the README).
 
 horovod 0.28.1 is the last release and, as published, does not build against torch >= 2.1 (torch's headers
 need C++17). Its PyPI sdist is built with CMAKE_CXX_STANDARD raised to 17, with PyTorch and Gloo and without
-MPI, TensorFlow or MXNet; with NCCL for GPU tensors too (HOROVOD_GPU_OPERATIONS=NCCL) when a CUDA toolkit
-(nvcc) and a CUDA build of torch are found, linked against the NCCL that torch brings. The wheel is cached
-outside the repository under ``$HVD_WHEEL_CACHE`` (default ``~/.cache/airflow-provider-hvd``) in a folder
-named by horovod's, torch's and Python's versions and the build variant (``cpu``, ``cuda12.8``), so that
-only the first run pays the ~5 minutes.
+MPI or MXNet; with NCCL for GPU tensors too (HOROVOD_GPU_OPERATIONS=NCCL) when a CUDA toolkit (nvcc) and a
+CUDA build of torch are found, linked against the NCCL that torch brings.
+
+With TensorFlow too, in the same wheel, when the environment has TensorFlow (unless HOROVOD_WITHOUT_TENSORFLOW=1;
+CPU builds only). Three changes to horovod's source make it build and work with TensorFlow 2.21 (docs/tensorflow.md):
+- ``xla_mpi_ops.cc`` is left out of ``horovod/tensorflow/CMakeLists.txt``: it does not compile against TF 2.21's
+  XLA headers, and in a CPU build its whole body is under ``#if HAVE_GPU`` anyway.
+- horovod's Keras modules take ``keras`` from ``tensorflow`` (``tf.keras``: tf-keras, Keras 2, when
+  TF_USE_LEGACY_KERAS=1) instead of the standalone ``keras`` package, which is Keras 3 with TF >= 2.16 and
+  breaks ``MetricAverageCallback`` (``keras.backend`` has no ``constant``).
+- ``DistributedOptimizer`` given a Keras 3 optimizer says that horovod's Keras integration needs Keras 2 and
+  what to use, instead of failing later with ``'Variable' object has no attribute 'ref'``.
+
+The wheel is cached outside the repository under ``$HVD_WHEEL_CACHE`` (default ``~/.cache/airflow-provider-hvd``)
+in a folder named by horovod's, torch's, TensorFlow's (if any) and Python's versions and the build variant
+(``cpu``, ``cuda12.8``), so that only the first run pays the ~5 minutes (~10 with TensorFlow).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +56,7 @@ class Target:
     torch_cuda: str | None  # torch.version.cuda: None for a CPU-only torch
     py_tag: str  # "cp311"
     nccl_dir: str | None = None  # the NCCL that a CUDA torch brings (the nvidia-nccl-cu* package), if any
+    tf_version: str | None = None  # tensorflow.__version__ if horovod is built with TensorFlow too, e.g. "2.21.0"
 
 
 @dataclass(frozen=True)
@@ -54,14 +67,14 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)  # HOROVOD_* build switches
 
 
-def cpu_variant() -> Variant:
+def cpu_variant(tensorflow: bool = False) -> Variant:
     return Variant(
         "cpu",
         {
             "HOROVOD_WITH_PYTORCH": "1",
             "HOROVOD_WITH_GLOO": "1",
             "HOROVOD_WITHOUT_MPI": "1",
-            "HOROVOD_WITHOUT_TENSORFLOW": "1",
+            "HOROVOD_WITH_TENSORFLOW" if tensorflow else "HOROVOD_WITHOUT_TENSORFLOW": "1",
             "HOROVOD_WITHOUT_MXNET": "1",
         },
     )
@@ -76,10 +89,19 @@ def nccl_variant(target: Target) -> Variant:
 
 
 def choose_variant(target: Target) -> Variant:
-    """NCCL when a CUDA toolkit (nvcc) and a CUDA build of torch are found, else the CPU build (Gloo)."""
+    """NCCL when a CUDA toolkit (nvcc) and a CUDA build of torch are found, else the CPU build (Gloo).
+
+    With TensorFlow when ``target`` has it; CPU builds only (see :func:`drop_xla_ops`).
+    """
     if target.torch_cuda and shutil.which("nvcc"):
+        if target.tf_version:
+            raise InstallError(
+                f"a GPU (NCCL) build of horovod with TensorFlow is not supported: horovod {HOROVOD_VERSION}'s "
+                f"xla_mpi_ops.cc does not compile against TensorFlow {target.tf_version}'s headers. Set "
+                "HOROVOD_WITHOUT_TENSORFLOW=1 to build it for PyTorch only (with NCCL), or uninstall tensorflow."
+            )
         return nccl_variant(target)
-    return cpu_variant()
+    return cpu_variant(tensorflow=target.tf_version is not None)
 
 
 def nccl_of_torch(target: Target, work: Path) -> dict[str, str]:
@@ -90,6 +112,37 @@ def nccl_of_torch(target: Target, work: Path) -> dict[str, str]:
     lib.mkdir()
     (lib / "libnccl.so").symlink_to(Path(target.nccl_dir, "lib", "libnccl.so.2"))
     return {"HOROVOD_NCCL_INCLUDE": str(Path(target.nccl_dir, "include")), "HOROVOD_NCCL_LIB": str(lib)}
+
+
+def with_tensorflow() -> bool:
+    """False when the user asked for a build without TensorFlow (horovod's own switch)."""
+    return os.environ.get("HOROVOD_WITHOUT_TENSORFLOW", "") != "1"
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    return proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit status {proc.returncode}"
+
+
+def probe_tensorflow(python: str) -> str | None:
+    """TensorFlow's version in ``python``'s environment, or None if it has none (or it is not wanted)."""
+    if not with_tensorflow():
+        return None
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorflow') is None)"
+    if subprocess.run([python, "-c", code], capture_output=True).returncode != 0:
+        return None
+    proc = subprocess.run(
+        [python, "-c", "import tensorflow; print(tensorflow.__version__)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    if proc.returncode != 0:
+        raise InstallError(
+            f"tensorflow is installed in {python}'s environment but does not import "
+            f"({last_line(proc)}); repair it, or set HOROVOD_WITHOUT_TENSORFLOW=1 to build horovod "
+            "for PyTorch only."
+        )
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def probe(python: str) -> Target:
@@ -104,20 +157,29 @@ def probe(python: str) -> Target:
     if proc.returncode != 0:
         raise InstallError(
             f"torch must be installed in {python}'s environment before horovod (it is built against "
-            f"it): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+            f"it): {last_line(proc)}"
         )
     torch_version, cuda, py_tag, nccl_dir = proc.stdout.split("\n")[:4]
-    return Target(python, torch_version, cuda or None, py_tag, nccl_dir or None)
+    return Target(python, torch_version, cuda or None, py_tag, nccl_dir or None, probe_tensorflow(python))
 
 
 def cache_dir(root: Path, target: Target, variant: Variant) -> Path:
     torch = target.torch_version.replace("+", "_")
-    return root / f"horovod-{HOROVOD_VERSION}-torch-{torch}-{target.py_tag}-{variant.name}"
+    tensorflow = f"-tf-{target.tf_version.replace('+', '_')}" if target.tf_version else ""
+    return root / f"horovod-{HOROVOD_VERSION}-torch-{torch}{tensorflow}-{target.py_tag}-{variant.name}"
 
 
 def horovod_installed(python: str) -> bool:
-    check = f"import horovod.torch, sys; sys.exit(horovod.__version__ != {HOROVOD_VERSION!r})"
-    return subprocess.run([python, "-c", check], capture_output=True).returncode == 0
+    """horovod is installed for torch, and for TensorFlow too if the environment has it."""
+    check = (
+        "import importlib.util, sys\n"
+        "import horovod.torch\n"
+        f"if {with_tensorflow()} and importlib.util.find_spec('tensorflow') is not None:\n"
+        "    import horovod.tensorflow\n"
+        f"sys.exit(horovod.__version__ != {HOROVOD_VERSION!r})"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([python, "-c", check], capture_output=True, env=env).returncode == 0
 
 
 def check_toolchain() -> None:
@@ -136,11 +198,88 @@ def raise_cxx_standard(src: Path) -> None:
             raise InstallError(f"could not raise the C++ standard in horovod's {name}")
 
 
+def replace_exactly(path: Path, old: str, new: str, count: int = 1) -> None:
+    """Replace ``old`` (found ``count`` times) in ``path``, or fail: the sdist is not the one expected."""
+    text = path.read_text()
+    if text.count(old) != count:
+        raise InstallError(
+            f"horovod's {path.name} is not as expected ({old.strip()!r} found {text.count(old)} "
+            f"times, not {count}); is this horovod {HOROVOD_VERSION}'s sdist?"
+        )
+    path.write_text(text.replace(old, new))
+
+
+def drop_xla_ops(src: Path) -> None:
+    """Leave xla_mpi_ops.cc out of the TensorFlow library (CPU builds: its body is all under ``#if HAVE_GPU``).
+
+    It does not compile against TF 2.21's XLA headers (highwayhash headers missing, xla_builder.h moved).
+    """
+    replace_exactly(
+        src / "horovod/tensorflow/CMakeLists.txt",
+        'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")\n',
+        "",
+    )
+
+
+# horovod's Keras modules import the standalone keras package: Keras 3 with TF >= 2.16, which they do not support
+KERAS_MODULES = (
+    "horovod/tensorflow/keras/__init__.py",
+    "horovod/tensorflow/keras/callbacks.py",
+    "horovod/keras/__init__.py",
+    "horovod/keras/callbacks.py",
+    "horovod/keras/elastic.py",
+)
+KERAS_IMPORTS = (  # (pattern, replacement) for whole lines
+    (re.compile(r"^import keras$", re.MULTILINE), "from tensorflow import keras"),
+    (re.compile(r"^import keras\.backend as K$", re.MULTILINE), "K = keras.backend"),
+    (re.compile(r"^(\s+)from keras import backend as K$", re.MULTILINE), r"\1K = keras.backend"),
+)
+
+
+def keras_from_tensorflow(src: Path) -> None:
+    """Make horovod's Keras modules use ``tf.keras`` (tf-keras under TF_USE_LEGACY_KERAS=1), not ``keras``."""
+    for name in KERAS_MODULES:
+        path = src / name
+        text = path.read_text()
+        for pattern, replacement in KERAS_IMPORTS:
+            text = pattern.sub(replacement, text)
+        if re.search(r"^\s*(import keras|from keras)\b", text, re.MULTILINE):
+            raise InstallError(f"horovod's {name} still imports the standalone keras package after patching")
+        path.write_text(text)
+
+
+# create_distributed_optimizer subclasses the optimizer's class: with a Keras 3 one it fails only later, at
+# var.ref(); this says why at once, and what to use instead.
+KERAS3_CHECK = """    if type(optimizer).__module__.split(".")[0] == "keras" and \\
+            int(getattr(__import__("sys").modules.get("keras"), "__version__", "2").split(".")[0]) >= 3:
+        raise TypeError(
+            f"horovod's DistributedOptimizer needs a Keras 2 optimizer, but got Keras 3's "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}. Build the model and its optimizer with "
+            f"tf.keras (tf.keras.optimizers.SGD(...), not keras.optimizers from `import keras`), with the "
+            f"tf-keras package installed and TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported "
+            f"(HorovodRunner sets it on every rank unless you set it yourself).")
+"""
+OPTIMIZER_DEF = "                                 scale_local_gradients=True):\n"
+
+
+def explain_keras3_optimizer(src: Path) -> None:
+    replace_exactly(src / "horovod/_keras/__init__.py", OPTIMIZER_DEF, OPTIMIZER_DEF + KERAS3_CHECK)
+
+
+def patch_for_tensorflow(src: Path) -> None:
+    """The changes a TensorFlow 2.21 build needs (module docstring)."""
+    drop_xla_ops(src)
+    keras_from_tensorflow(src)
+    explain_keras3_optimizer(src)
+
+
 def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
     check_toolchain()
+    frameworks = f"torch {target.torch_version}" + (f" and TensorFlow {target.tf_version}" if target.tf_version else "")
+    minutes = 10 if target.tf_version else 5
     print(
-        f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against torch "
-        f"{target.torch_version} (about 5 minutes on 2 cores)...",
+        f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against {frameworks} "
+        f"(about {minutes} minutes on 2 cores)...",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as work_dir:
@@ -165,6 +304,8 @@ def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
             sdist.extractall(work, filter="data")
         src = work / f"horovod-{HOROVOD_VERSION}"
         raise_cxx_standard(src)
+        if target.tf_version:
+            patch_for_tensorflow(src)
         nccl = nccl_of_torch(target, work) if "HOROVOD_GPU_OPERATIONS" in variant.env else {}
         env = {**os.environ, **variant.env, **nccl, "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
         proc = subprocess.run(
@@ -199,7 +340,8 @@ def install(python: str, cache_root: Path) -> None:
     wheel = next(iter(sorted(cache.glob("horovod-*.whl"))), None) or build_wheel(target, variant, cache)
     subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True)
     if not horovod_installed(python):
-        raise InstallError(f"horovod was installed from {wheel} but 'import horovod.torch' fails in {python}.")
+        modules = "horovod.torch and horovod.tensorflow" if target.tf_version else "horovod.torch"
+        raise InstallError(f"horovod was installed from {wheel} but importing {modules} fails in {python}.")
 
 
 def default_cache() -> Path:

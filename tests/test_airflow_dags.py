@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,3 +125,18 @@ def test_airflow_tasks_test_from_the_command_line():
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "[rank 0] rank 0 of 2 holds 1.0" in output and "[rank 1] rank 1 sees the average 2.0" in output
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
+def test_tensorflow_example_trains_a_tf_keras_model(example_dags, caplog, capsys):
+    run = example_dags["horovod_tensorflow_example"].test()
+    assert states(run) == {"train": "success", "report": "success"}
+    metrics = xcom(run, "train")
+    assert metrics["ranks"] == 2 and metrics["epochs"] == 4 and metrics["accuracy"] > 0.9
+    relayed = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"]
+    assert [line.split(":")[0] for line in relayed] == [
+        f"[rank 0] epoch {epoch}/4 {event}" for epoch in range(1, 5) for event in ("begin", "end")
+    ]
+    end = re.fullmatch(r"\[rank 0\] epoch 4/4 end: loss=([\d.]+) accuracy=([\d.]+)", relayed[-1])
+    assert end and (float(end[1]), float(end[2])) == pytest.approx((metrics["loss"], metrics["accuracy"]), abs=1e-3)
+    assert f"rank 0 result: {metrics}" in capsys.readouterr().out

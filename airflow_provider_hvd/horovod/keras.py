@@ -1,16 +1,16 @@
-"""Keras callbacks for HorovodRunner ranks.
+"""Keras callbacks for the ranks: ``LogCallback`` (progress to the driver's log and metrics) and
+``CheckpointCallback`` (save, then ``report_checkpoint``).
 
-``LogCallback``: training progress to the driver's log, through :func:`log_to_driver`, and its epoch metrics
-as data, through :func:`log_metrics`. ``CheckpointCallback``: save the model at each epoch's end (rank 0), then
-:func:`report_checkpoint`, so that a retry can resume with :func:`last_checkpoint`.
+Both work in a ``model.fit`` of Keras 3 (any backend) and of ``tf.keras`` with Keras 2 (tf-keras, what Horovod's
+Keras integration needs): they implement the callback protocol both call rather than deriving from either's
+``Callback`` class, so this module imports neither.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
-
-import keras
 
 from airflow_provider_hvd.runner.rank.control import log_to_driver
 from airflow_provider_hvd.runner.rank.progress import log_metrics, report_checkpoint
@@ -42,12 +42,81 @@ def _format_logs(logs: dict[str, Any] | None) -> str:
     return " ".join(f"{name}={_format_value(value)}" for name, value in (logs or {}).items())
 
 
-class LogCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras has no type information
+def _unused(hook: Callable[..., None]) -> Callable[..., None]:
+    """Mark a hook as not implemented: Keras 3 and tf.keras (Keras 2) then need not call it every batch."""
+    hook._is_default = True  # type: ignore[attr-defined]  # the marker both Keras versions' `is_default` reads
+    return hook
+
+
+class _Callback:
+    """The callback protocol that Keras 3's and tf.keras's ``CallbackList`` call, every hook doing nothing."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, Any] = {}
+        self.model: Any = None
+
+    def _implements_train_batch_hooks(self) -> bool:  # tf.keras asks, to skip batch hooks nobody needs
+        return False
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
+    @_unused
+    def on_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    @_unused
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None: ...
+
+    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None: ...
+
+
+class LogCallback(_Callback):
     """Send epoch begin/end (and, with ``per_batch_log=True``, every batch end) with Keras' ``logs`` dict.
 
     Lines read ``epoch 3/10 end: loss=0.2134 accuracy=0.91``. Only rank 0 sends, unless ``all_ranks=True``
-    (each rank's lines are tagged with its rank on the driver anyway). Works with any Keras 3 backend.
-    Each epoch's numeric metrics are also reported with ``log_metrics(epoch, ...)`` (epochs counted from 1).
+    (each rank's lines are tagged with its rank on the driver anyway). Each epoch's numeric metrics are also
+    reported with ``log_metrics(epoch, ...)`` (epochs counted from 1).
     """
 
     def __init__(self, per_batch_log: bool = False, all_ranks: bool = False) -> None:
@@ -55,6 +124,9 @@ class LogCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras has 
         self.per_batch_log = per_batch_log
         self.all_ranks = all_ranks
         self._epoch = 0
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return self.per_batch_log
 
     def _send(self, message: str) -> None:
         if self.all_ranks or _is_rank0():
@@ -76,13 +148,14 @@ class LogCallback(keras.callbacks.Callback):  # type: ignore[misc]  # Keras has 
             log_metrics(epoch + 1, **metrics)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.per_batch_log:
-            steps = (self.params or {}).get("steps")
-            of_steps = f"{batch + 1}/{steps}" if steps else str(batch + 1)
-            self._send(f"epoch {self._of_epochs()} batch {of_steps} end: {_format_logs(logs)}".rstrip(": "))
+        if not self.per_batch_log:
+            return
+        steps = (self.params or {}).get("steps")
+        of_steps = f"{batch + 1}/{steps}" if steps else str(batch + 1)
+        self._send(f"epoch {self._of_epochs()} batch {of_steps} end: {_format_logs(logs)}".rstrip(": "))
 
 
-class CheckpointCallback(keras.callbacks.Callback):  # type: ignore[misc]
+class CheckpointCallback(_Callback):
     """Save the model at the end of every ``every``-th epoch on rank 0, then report it with ``report_checkpoint``.
 
     ``path`` may hold ``{epoch}`` (epochs counted from 1): ``"/shared/ckpt/epoch-{epoch}.keras"``. It must be

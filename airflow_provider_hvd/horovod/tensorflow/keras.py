@@ -1,4 +1,4 @@
-"""sparkdl's ``sparkdl.horovod.tensorflow.keras.LogCallback`` path (Keras 3, any backend)."""
+"""sparkdl's ``sparkdl.horovod.tensorflow.keras.LogCallback`` path (tf.keras with Keras 2, or Keras 3)."""
 
 from airflow_provider_hvd.horovod.keras import LogCallback
 

@@ -5,11 +5,12 @@ local runs): the driver's own ``HOROVOD_*`` settings (``HOROVOD_TIMELINE``, ``HO
 ``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :mod:`..shared.horovod_env`), then the
 rank's Horovod slot, the Gloo interface that reaches the driver, and ``OMP_NUM_THREADS`` from the cores the
 rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly,
-and the GPUs it sees (:mod:`.gpus`).
+the GPUs it sees (:mod:`.gpus`), and :data:`KERAS_2_FOR_TENSORFLOW` unless set.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from collections.abc import Mapping
@@ -19,6 +20,15 @@ import psutil
 from ..shared.gpus import gpu_env
 from ..shared.horovod_env import GLOO_IFACE
 from ..shared.messages import Hello, Start
+
+# Horovod 0.28.1's Keras integration works with Keras 2 only: tf.keras is Keras 2 (the tf-keras package) when this
+# is set before TensorFlow is imported. A rank's own setting (spark.executorEnv, the driver's for local runs) wins.
+KERAS_2_FOR_TENSORFLOW = "TF_USE_LEGACY_KERAS"
+
+
+def keras_defaults() -> dict[str, str]:
+    """``TF_USE_LEGACY_KERAS=1`` where tf-keras is installed (without it, the setting would break ``tf.keras``)."""
+    return {KERAS_2_FOR_TENSORFLOW: "1"} if importlib.util.find_spec("tf_keras") is not None else {}
 
 
 def interface_of(ip: str) -> str:
@@ -45,6 +55,7 @@ def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_o
     driver's environment for local runs), so it stays; else it is computed.
     """
     env = {
+        **keras_defaults(),
         **base,
         **start.horovod_env,
         **gpu_env(start.gpus),

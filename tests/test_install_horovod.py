@@ -1,0 +1,80 @@
+"""scripts/install_horovod.py: which Horovod it builds for the environment, and when it builds again."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "install_horovod.py"
+
+
+@pytest.fixture
+def build(monkeypatch):
+    spec = importlib.util.spec_from_file_location("install_horovod", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "install_horovod", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    monkeypatch.delenv("HOROVOD_WITHOUT_TENSORFLOW", raising=False)
+    return module
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
+def test_an_environment_with_tensorflow_gets_one_wheel_for_both_named_by_both(build, tmp_path, monkeypatch):
+    import tensorflow
+    import torch
+
+    target = build.probe(sys.executable)
+    assert (target.torch_version, target.tf_version) == (torch.__version__, tensorflow.__version__)
+    variant = build.choose_variant(target)
+    assert variant.env["HOROVOD_WITH_PYTORCH"] == variant.env["HOROVOD_WITH_TENSORFLOW"] == "1"
+    assert "HOROVOD_WITHOUT_TENSORFLOW" not in variant.env
+    torch_tag = torch.__version__.replace("+", "_")
+    assert (
+        build.cache_dir(tmp_path, target, variant).name
+        == f"horovod-0.28.1-torch-{torch_tag}-tf-{tensorflow.__version__}-cp311-cpu"
+    )
+
+    monkeypatch.setenv("HOROVOD_WITHOUT_TENSORFLOW", "1")  # Horovod's own switch: PyTorch only
+    target = build.probe(sys.executable)
+    assert target.tf_version is None
+    assert build.choose_variant(target).env["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
+    assert (
+        build.cache_dir(tmp_path, target, build.choose_variant(target)).name
+        == f"horovod-0.28.1-torch-{torch_tag}-cp311-cpu"
+    )
+
+
+def test_a_gpu_build_with_tensorflow_is_refused_with_the_way_out(build, tmp_path, monkeypatch):
+    (tmp_path / "nvcc").write_text("#!/bin/sh\n")
+    (tmp_path / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    target = build.Target("python", "2.13.0+cu128", "12.8", "cp311", tf_version="2.21.0")
+    with pytest.raises(
+        build.InstallError,
+        match=r"GPU \(NCCL\) build of horovod with TensorFlow is not supported.*"
+        r"Set HOROVOD_WITHOUT_TENSORFLOW=1 to build it for PyTorch only",
+    ):
+        build.choose_variant(target)
+
+
+def fake_horovod(root: Path, *, with_tensorflow: bool) -> None:
+    """A horovod 0.28.1 package built for torch, and for TensorFlow if ``with_tensorflow``."""
+    for package in ["horovod", "horovod/torch", *(["horovod/tensorflow"] if with_tensorflow else [])]:
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("__version__ = '0.28.1'\n" if package == "horovod" else "")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
+def test_a_horovod_without_tensorflow_is_built_again_where_tensorflow_is_installed(build, tmp_path, monkeypatch):
+    fake_horovod(tmp_path / "torch-only", with_tensorflow=False)
+    fake_horovod(tmp_path / "both", with_tensorflow=True)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "torch-only"))
+    assert not build.horovod_installed(sys.executable)
+    monkeypatch.setenv("HOROVOD_WITHOUT_TENSORFLOW", "1")
+    assert build.horovod_installed(sys.executable)
+    monkeypatch.delenv("HOROVOD_WITHOUT_TENSORFLOW")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "both"))
+    assert build.horovod_installed(sys.executable)
