@@ -68,7 +68,7 @@ def sparkdl_examples(epochs: int = 2, tape_steps: int = 30) -> dict:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((x @ w - y) ** 2)
         grads = hvd_tf.DistributedGradientTape(tape).gradient(loss, [w])
-        sgd.apply_gradients(zip(grads, [w]))
+        sgd.apply_gradients(zip(grads, [w], strict=True))
         # as in Horovod's examples: broadcast after the first step, once the optimizer has its slots. `first` is a
         # Python bool: AutoGraph cannot convert `if` on a tensor in a function shipped by value (it has no source)
         if first:
@@ -98,7 +98,7 @@ def assert_sparkdl_examples_ran(result: dict, caplog) -> None:
     assert result["rank"] == 0
     assert result["keras"] == ("1", "tf_keras"), "HorovodRunner makes tf.keras Keras 2 (tf-keras) on the ranks"
     first, second = result["weights"]
-    assert all(np.array_equal(a, b) for a, b in zip(first, second)), "ranks ended with different weights"
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True)), "ranks ended with different weights"
     history = result["history"]
     assert set(history) == {"loss", "accuracy"} and len(history["loss"]) == 2
     assert result["histories"][0] == result["histories"][1] == history, "MetricAverageCallback averages the metrics"

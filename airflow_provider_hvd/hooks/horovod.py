@@ -318,7 +318,7 @@ class HorovodHook(BaseHook):
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
         slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from``,
         ``progress_sink`` and ``stall_timeout`` are :class:`HorovodRunner`'s; the runner stays at
-        :attr:`runner` afterwards (its ``metrics`` and ``checkpoint``).
+        ``runner`` afterwards (its ``metrics`` and ``checkpoint``).
         """
         self._runner = HorovodRunner(
             np=np,

@@ -99,13 +99,13 @@ class HorovodRunner:
     :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
         busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once).
     :param resume_from: the checkpoint the ranks resume from: what ``last_checkpoint()`` returns in them. A
-        dict with a ``"path"`` (e.g. another runner's :attr:`checkpoint`), a path, or None (start afresh).
+        dict with a ``"path"`` (e.g. another runner's ``checkpoint``), a path, or None (start afresh).
     :param progress_sink: where the metrics history and the last checkpoint go while the run goes on (the
-        Airflow layer passes the task state store); see :class:`~.driver.progress.ProgressSink`.
+        Airflow layer passes the task state store); see ``ProgressSink`` (``runner/driver/progress.py``).
 
-    After :meth:`run` (also one that raised), :attr:`metrics` holds the history of rank ``metrics_rank``'s
+    After :meth:`run` (also one that raised), ``metrics`` holds the history of rank ``metrics_rank``'s
     ``log_metrics`` reports, ``{"loss": [(step, value), ...]}`` (at most 1,000 points per metric, evenly
-    thinned), and :attr:`checkpoint` the last ``report_checkpoint``: ``{"path", **info, "rank",
+    thinned), and ``checkpoint`` the last ``report_checkpoint``: ``{"path", **info, "rank",
     "reported_at", "try_number"}``, or None.
     :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
         (``log_to_driver``, metrics) for that long, the ranks' Python stacks are collected, every rank is ended
