@@ -338,7 +338,11 @@ def install(python: str, cache_root: Path) -> None:
     variant = choose_variant(target)
     cache = cache_dir(cache_root, target, variant)
     wheel = next(iter(sorted(cache.glob("horovod-*.whl"))), None) or build_wheel(target, variant, cache)
-    subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True)
+    # --force-reinstall: an installed horovod of the same version but another variant (built before TensorFlow
+    # was installed, say) is replaced, not kept; --no-deps: nothing else changes
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)], check=True
+    )
     if not horovod_installed(python):
         modules = "horovod.torch and horovod.tensorflow" if target.tf_version else "horovod.torch"
         raise InstallError(f"horovod was installed from {wheel} but importing {modules} fails in {python}.")
