@@ -337,6 +337,19 @@ class DriverChannel:
             else:
                 conn.beat()
 
+    def _beat_while_busy(self) -> None:
+        """Between the frames of one long read (a flood of log lines to relay): the heartbeats that are due, so
+        that agents do not take a busy driver for a gone one. No silence check here: other agents' heartbeats
+        may be waiting unread behind this read (:meth:`_keep_alive` checks once the loop has read them)."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.liveness.interval_s
+        for key in list(self._selector.get_map().values()):
+            conn = key.data
+            if isinstance(conn, AgentConnection) and conn.handshake is None:
+                conn.beat()
+
     def _reject(self, conn: AgentConnection, why: object) -> None:
         if not self._closed:
             log.warning("HorovodRunner: rejected a connection from %s to the driver channel: %s", conn.peer, why)
@@ -386,6 +399,7 @@ class DriverChannel:
                 if self._on_message(conn, decode(kind, bytes(body))):
                     self._drop(conn)
                     return
+                self._beat_while_busy()
         except Exception as exc:  # noqa: BLE001 - a malformed frame from an authenticated agent is a bug: say so
             log.exception("HorovodRunner: broken frame from the agent at %s", conn.peer)
             self._lost(conn, f"broken frame: {exc!r}")
