@@ -21,7 +21,15 @@ from airflow_deployment import AirflowDeployment, log_text
 from browser import Browser, chromium_path
 from spark_cluster import StandaloneCluster
 
-pytestmark = pytest.mark.timeout(2400)  # a deployment, a cluster and several training runs on a shared 2-core machine
+pytestmark = [
+    pytest.mark.timeout(2400),
+    # It has not yet run to its end once (issue 14: the machine it was written on was too loaded for airflow
+    # standalone on SQLite); until it has, it runs on request and not in every `make test`.
+    pytest.mark.skipif(
+        os.environ.get("HVD_LONG_RUNS_DEPLOYMENT") != "1",
+        reason="the long-runs deployment and browser test runs with HVD_LONG_RUNS_DEPLOYMENT=1 (not yet verified)",
+    ),
+]
 
 DAG = "hvd_resume"
 PASSWORD = "hvd-tests-admin"
