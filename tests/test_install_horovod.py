@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -23,26 +25,23 @@ def build(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
 def test_an_environment_with_tensorflow_gets_one_wheel_for_both_named_by_both(build, tmp_path, monkeypatch):
-    import tensorflow
-    import torch
-
     target = build.probe(sys.executable)
-    assert (target.torch_version, target.tf_version) == (torch.__version__, tensorflow.__version__)
+    assert (target.torch_version, target.tf_version) == (version("torch"), version("tensorflow"))
     variant = build.choose_variant(target)
     assert variant.env["HOROVOD_WITH_PYTORCH"] == variant.env["HOROVOD_WITH_TENSORFLOW"] == "1"
     assert "HOROVOD_WITHOUT_TENSORFLOW" not in variant.env
-    torch_tag = torch.__version__.replace("+", "_")
+    torch_tag = version("torch").replace("+", "_")
     assert (
         build.cache_dir(tmp_path, target, variant).name
-        == f"horovod-0.28.1-torch-{torch_tag}-tf-{tensorflow.__version__}-cp311-cpu"
+        == f"horovod-0.28.1-torch-{torch_tag}-tf-{version('tensorflow')}-cp311-cpu"
     )
 
     monkeypatch.setenv("HOROVOD_WITHOUT_TENSORFLOW", "1")  # Horovod's own switch: PyTorch only
-    target = build.probe(sys.executable)
-    assert target.tf_version is None
-    assert build.choose_variant(target).env["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
+    assert build.probe_tensorflow(sys.executable) is None
+    torch_only = dataclasses.replace(target, tf_version=None)
+    assert build.choose_variant(torch_only).env["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
     assert (
-        build.cache_dir(tmp_path, target, build.choose_variant(target)).name
+        build.cache_dir(tmp_path, torch_only, build.choose_variant(torch_only)).name
         == f"horovod-0.28.1-torch-{torch_tag}-cp311-cpu"
     )
 
