@@ -169,17 +169,35 @@ def cache_dir(root: Path, target: Target, variant: Variant) -> Path:
     return root / f"horovod-{HOROVOD_VERSION}-torch-{torch}{tensorflow}-{target.py_tag}-{variant.name}"
 
 
-def horovod_installed(python: str) -> bool:
-    """horovod is installed for torch, and for TensorFlow too if the environment has it."""
+def horovod_import_error(python: str) -> str | None:
+    """Why horovod does not import for torch (and TensorFlow, if the environment has it); None if it does."""
     check = (
         "import importlib.util, sys\n"
         "import horovod.torch\n"
         f"if {with_tensorflow()} and importlib.util.find_spec('tensorflow') is not None:\n"
         "    import horovod.tensorflow\n"
-        f"sys.exit(horovod.__version__ != {HOROVOD_VERSION!r})"
+        "import horovod\n"
+        f"if horovod.__version__ != {HOROVOD_VERSION!r}:\n"
+        f"    sys.exit('horovod ' + horovod.__version__ + ' is installed, not {HOROVOD_VERSION}')"
     )
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([python, "-c", check], capture_output=True, env=env).returncode == 0
+    proc = subprocess.run([python, "-c", check], capture_output=True, text=True, env=env)
+    return None if proc.returncode == 0 else last_line(proc)
+
+
+def horovod_installed(python: str) -> bool:
+    """horovod is installed for torch, and for TensorFlow too if the environment has it."""
+    return horovod_import_error(python) is None
+
+
+def install_wheel(python: str, wheel: Path) -> None:
+    """Install ``wheel`` with its dependencies, replacing any installed horovod (even of the same version)."""
+    # An installed horovod of the same version but another variant (built before TensorFlow was installed, say)
+    # would be kept by a plain install; --force-reinstall would reinstall its dependencies too, and --no-deps
+    # would leave a fresh environment without them (cloudpickle, psutil, ...). So: remove it, then install.
+    pip = [python, "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "uninstall", "--quiet", "--yes", "horovod"], check=True, capture_output=True)
+    subprocess.run([*pip, "install", "--quiet", str(wheel)], check=True)
 
 
 def check_toolchain() -> None:
@@ -338,14 +356,11 @@ def install(python: str, cache_root: Path) -> None:
     variant = choose_variant(target)
     cache = cache_dir(cache_root, target, variant)
     wheel = next(iter(sorted(cache.glob("horovod-*.whl"))), None) or build_wheel(target, variant, cache)
-    # --force-reinstall: an installed horovod of the same version but another variant (built before TensorFlow
-    # was installed, say) is replaced, not kept; --no-deps: nothing else changes
-    subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)], check=True
-    )
-    if not horovod_installed(python):
+    install_wheel(python, wheel)
+    error = horovod_import_error(python)
+    if error is not None:
         modules = "horovod.torch and horovod.tensorflow" if target.tf_version else "horovod.torch"
-        raise InstallError(f"horovod was installed from {wheel} but importing {modules} fails in {python}.")
+        raise InstallError(f"horovod was installed from {wheel} but importing {modules} fails in {python}: {error}")
 
 
 def default_cache() -> Path:

@@ -77,3 +77,50 @@ def test_a_horovod_without_tensorflow_is_built_again_where_tensorflow_is_install
     monkeypatch.delenv("HOROVOD_WITHOUT_TENSORFLOW")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "both"))
     assert build.horovod_installed(sys.executable)
+
+
+def wheel(folder: Path, name: str, *, requires: list[str], marker: str = "") -> Path:
+    """A minimal pure-Python wheel of ``name`` 0.28.1 (a module of that name holding ``marker``)."""
+    import zipfile
+
+    dist_info = f"{name}-0.28.1.dist-info"
+    path = folder / f"{name}-0.28.1-py3-none-any.whl"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.28.1\n" + "".join(
+        f"Requires-Dist: {requirement}\n" for requirement in requires
+    )
+    files = {
+        f"{name}/__init__.py": f"__version__ = '0.28.1'\nMARKER = {marker!r}\n",
+        f"{dist_info}/METADATA": metadata,
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist_info}/RECORD"] = "".join(f"{file},,\n" for file in [*files, f"{dist_info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for file, text in files.items():
+            archive.writestr(file, text)
+    return path
+
+
+def test_the_wheel_goes_into_a_fresh_environment_with_its_dependencies_replacing_another_variant(
+    build, tmp_path, monkeypatch
+):
+    """A fresh venv has none of horovod's dependencies (cloudpickle, psutil, ...): they are installed too; and an
+    installed horovod of the same version but another variant is replaced."""
+    import subprocess
+    import venv
+
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    index = tmp_path / "index"
+    (index / "old").mkdir(parents=True)
+    wheel(index, "hvdtestdep", requires=[])
+    other_variant = wheel(index / "old", "horovod", requires=[], marker="torch only")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    subprocess.run([python, "-m", "pip", "install", "--quiet", str(other_variant)], check=True)
+
+    build.install_wheel(python, wheel(tmp_path, "horovod", requires=["hvdtestdep"], marker="torch and tensorflow"))
+
+    installed = subprocess.run(
+        [python, "-c", "import horovod, hvdtestdep; print(horovod.MARKER)"], capture_output=True, text=True
+    )
+    assert (installed.returncode, installed.stdout.strip()) == (0, "torch and tensorflow"), installed.stderr
