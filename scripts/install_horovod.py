@@ -131,6 +131,30 @@ def raise_cxx_standard(src: Path) -> None:
             raise InstallError(f"could not raise the C++ standard in horovod's {name}")
 
 
+def unpack_sdist(archive: Path, dest: Path) -> None:
+    """Extract ``archive`` into ``dest``, refusing members that would land outside it."""
+    with tarfile.open(archive) as sdist:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+            try:
+                sdist.extractall(dest, filter="data")
+            except tarfile.FilterError as exc:
+                raise InstallError(f"{archive.name} is not a plain source archive: {exc}") from None
+            return
+        # older 3.11 releases, such as Debian bookworm's python3 (3.11.2): check the members' paths first
+        root = dest.resolve()
+        for member in sdist.getmembers():
+            target = (root / member.name).resolve()
+            link = target
+            if member.issym():
+                link = (target.parent / member.linkname).resolve()
+            elif member.islnk():  # a hard link names a member of the archive
+                link = (root / member.linkname).resolve()
+            if not (target.is_relative_to(root) and link.is_relative_to(root)) or member.isdev():
+                raise InstallError(f"{archive.name} is not a plain source archive: {member.name!r} would be "
+                                   f"extracted outside {dest} (or is a device)")
+        sdist.extractall(dest)
+
+
 def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
     check_toolchain()
     print(f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against torch "
@@ -139,8 +163,7 @@ def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
         work = Path(work_dir)
         subprocess.run([target.python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
                         f"horovod=={HOROVOD_VERSION}", "-d", str(work)], check=True)
-        with tarfile.open(work / f"horovod-{HOROVOD_VERSION}.tar.gz") as sdist:
-            sdist.extractall(work, filter="data")
+        unpack_sdist(work / f"horovod-{HOROVOD_VERSION}.tar.gz", work)
         src = work / f"horovod-{HOROVOD_VERSION}"
         raise_cxx_standard(src)
         nccl = nccl_of_torch(target, work) if "HOROVOD_GPU_OPERATIONS" in variant.env else {}
