@@ -122,6 +122,21 @@ def check_toolchain() -> None:
         raise InstallError("a C++17 compiler is missing; install g++ >= 9 (Debian: apt-get install g++) and run again.")
 
 
+def python_headers_missing(python: str) -> str | None:
+    """The directory where ``python``'s Python.h should be, if it is not there (torch's headers include it)."""
+    code = "import sysconfig; print(sysconfig.get_paths()['include'])"
+    include = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return None if Path(include, "Python.h").exists() else include
+
+
+def check_python_headers(target: Target) -> None:
+    missing = python_headers_missing(target.python)
+    if missing:
+        version = target.py_tag[2] + "." + target.py_tag[3:]
+        raise InstallError(f"Python's headers are missing ({missing}/Python.h); install them (Debian, Ubuntu: "
+                           f"apt-get install python{version}-dev) and run again.")
+
+
 def raise_cxx_standard(src: Path) -> None:
     for name in CMAKE_FILES:
         path = src / name
@@ -157,6 +172,7 @@ def unpack_sdist(archive: Path, dest: Path) -> None:
 
 def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
     check_toolchain()
+    check_python_headers(target)
     print(f"install_horovod: building horovod {HOROVOD_VERSION} ({variant.name}) against torch "
           f"{target.torch_version} (about 5 minutes on 2 cores)...", flush=True)
     with tempfile.TemporaryDirectory() as work_dir:

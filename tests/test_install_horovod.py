@@ -67,3 +67,14 @@ def test_a_member_outside_the_work_directory_is_refused(python, tmp_path):
     assert proc.returncode != 0
     assert "escaped.txt" in proc.stderr
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_python_headers_are_found_where_they_are(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import install_horovod
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert install_horovod.python_headers_missing(sys.executable) is None  # this venv's Python has them
+    target = install_horovod.Target(sys.executable, "2.13.0+cpu", None, "cp311")
+    install_horovod.check_python_headers(target)
