@@ -1,12 +1,22 @@
-"""Prepare data, train a small torch model on 2 Horovod ranks with @task.horovod, report rank 0's metrics."""
+"""Prepare data, train a small torch model on 2 Horovod ranks with @task.horovod, report rank 0's metrics.
+
+Trigger it with the config {"epochs": 20} (or from the UI's "Trigger" form) to train longer.
+"""
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import Param, dag, task
 
 
-@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False, tags=["horovod", "example"])
+@dag(
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["horovod", "example"],
+    params={"epochs": Param(8, type="integer", minimum=1, description="training epochs")},
+    render_template_as_native_obj=True,  # "{{ params.epochs }}" renders to the int itself
+)
 def horovod_train_example():
     @task
     def prepare_data(run_id: str | None = None) -> str:
@@ -28,6 +38,8 @@ def horovod_train_example():
     @task.horovod(np=2, conn_id="spark_default")
     def train(data_path: str, epochs: int = 8, lr: float = 0.05) -> dict:
         """Each rank trains on its shard; gradients are averaged with Horovod's allreduce."""
+        import socket
+
         import horovod.torch as hvd
         import numpy as np
         import torch
@@ -35,6 +47,7 @@ def horovod_train_example():
         from airflow_provider_hvd import log_to_driver
 
         hvd.init()
+        hosts = hvd.allgather_object(socket.gethostname())  # where each rank runs, in rank order
         torch.manual_seed(hvd.rank())
         data = np.load(data_path)
         x = torch.from_numpy(data["x"])[hvd.rank() :: hvd.size()]
@@ -57,7 +70,8 @@ def horovod_train_example():
                 accuracy = hvd.allreduce(((logits > 0).float() == y).float().mean(), name="acc").item()
             if hvd.rank() == 0:
                 log_to_driver(f"epoch {epoch + 1}/{epochs}: loss={epoch_loss:.4f} accuracy={accuracy:.3f}")
-        return {"loss": round(epoch_loss, 4), "accuracy": round(accuracy, 4), "epochs": epochs, "ranks": hvd.size()}
+        return {"loss": round(epoch_loss, 4), "accuracy": round(accuracy, 4), "epochs": epochs, "ranks": hvd.size(),
+                "hosts": hosts}
 
     @task
     def report(metrics: dict) -> None:
@@ -65,7 +79,7 @@ def horovod_train_example():
         if metrics["accuracy"] < 0.8:
             raise ValueError(f"the model did not learn: {metrics}")
 
-    report(train(prepare_data()))
+    report(train(prepare_data(), epochs="{{ params.epochs }}"))
 
 
 horovod_train_example()
