@@ -11,7 +11,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export KERAS_BACKEND ?= torch
 
-.PHONY: setup test check docs demo bench clean
+.PHONY: setup test check docs demo bench docker-check clean
 
 setup: $(STAMP) $(BROWSER_STAMP)
 
@@ -57,6 +57,10 @@ bench: setup
 	$(PY) benchmarks/logs.py
 	$(PY) benchmarks/payload.py
 	$(PY) benchmarks/scale.py
+
+# docker/ built and run for real with Docker or podman (docs/docker.md); 20-40 minutes on 2 cores, so not in `test`
+docker-check:
+	scripts/docker_check.sh
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse site

@@ -3,15 +3,23 @@
 The training reports its metrics as data (``log_metrics``: the task's Training tab draws them) and a
 checkpoint after each epoch (``report_checkpoint``); a retry resumes from the last one (``last_checkpoint``).
 On a cluster, ``checkpoint_dir`` must be storage that every executor reads and writes (NFS, a mounted bucket).
+Trigger it with the config {"epochs": 20} (or from the UI's "Trigger" form) to train longer.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import Param, dag, task
 
 
-@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False, tags=["horovod", "example"])
+@dag(
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["horovod", "example"],
+    params={"epochs": Param(8, type="integer", minimum=1, description="training epochs")},
+    render_template_as_native_obj=True,  # "{{ params.epochs }}" renders to the int itself
+)
 def horovod_train_example():
     @task
     def prepare_data(run_id: str | None = None) -> str:
@@ -35,6 +43,7 @@ def horovod_train_example():
         """Each rank trains on its shard; gradients are averaged with Horovod's allreduce. Resumes on a retry."""
         import os
         import re
+        import socket
         import tempfile
 
         import horovod.torch as hvd
@@ -44,6 +53,7 @@ def horovod_train_example():
         from airflow_provider_hvd import last_checkpoint, log_metrics, log_to_driver, report_checkpoint
 
         hvd.init()
+        hosts = hvd.allgather_object(socket.gethostname())  # where each rank runs, in rank order
         checkpoint_dir = checkpoint_dir or os.path.join(
             tempfile.gettempdir(), "airflow-provider-hvd", "checkpoints", re.sub(r"[^\w.-]", "_", run_id)
         )
@@ -83,7 +93,15 @@ def horovod_train_example():
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, f"{path}.tmp")
                 os.replace(f"{path}.tmp", path)  # durably written, whole: now it may be reported
                 report_checkpoint(path, epoch=epoch + 1)
-        return {"loss": round(epoch_loss, 4), "accuracy": round(accuracy, 4), "epochs": epochs, "ranks": hvd.size()}
+                if epoch > first_epoch:  # only the last one is needed to resume
+                    os.remove(os.path.join(checkpoint_dir, f"epoch-{epoch}.pt"))
+        return {
+            "loss": round(epoch_loss, 4),
+            "accuracy": round(accuracy, 4),
+            "epochs": epochs,
+            "ranks": hvd.size(),
+            "hosts": hosts,
+        }
 
     @task
     def report(metrics: dict) -> None:
@@ -91,7 +109,7 @@ def horovod_train_example():
         if metrics["accuracy"] < 0.8:
             raise ValueError(f"the model did not learn: {metrics}")
 
-    report(train(prepare_data()))
+    report(train(prepare_data(), epochs="{{ params.epochs }}"))
 
 
 horovod_train_example()

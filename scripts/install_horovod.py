@@ -207,6 +207,23 @@ def check_toolchain() -> None:
         raise InstallError("a C++17 compiler is missing; install g++ >= 9 (Debian: apt-get install g++) and run again.")
 
 
+def python_headers_missing(python: str) -> str | None:
+    """The directory where ``python``'s Python.h should be, if it is not there (torch's headers include it)."""
+    code = "import sysconfig; print(sysconfig.get_paths()['include'])"
+    include = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return None if Path(include, "Python.h").exists() else include
+
+
+def check_python_headers(target: Target) -> None:
+    missing = python_headers_missing(target.python)
+    if missing:
+        version = target.py_tag[2] + "." + target.py_tag[3:]
+        raise InstallError(
+            f"Python's headers are missing ({missing}/Python.h); install them (Debian, Ubuntu: "
+            f"apt-get install python{version}-dev) and run again."
+        )
+
+
 def raise_cxx_standard(src: Path) -> None:
     for name in CMAKE_FILES:
         path = src / name
@@ -291,8 +308,35 @@ def patch_for_tensorflow(src: Path) -> None:
     explain_keras3_optimizer(src)
 
 
+def unpack_sdist(archive: Path, dest: Path) -> None:
+    """Extract ``archive`` into ``dest``, refusing members that would land outside it."""
+    with tarfile.open(archive) as sdist:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+            try:
+                sdist.extractall(dest, filter="data")
+            except tarfile.FilterError as exc:
+                raise InstallError(f"{archive.name} is not a plain source archive: {exc}") from None
+            return
+        # older 3.11 releases, such as Debian bookworm's python3 (3.11.2): check the members' paths first
+        root = dest.resolve()
+        for member in sdist.getmembers():
+            target = (root / member.name).resolve()
+            link = target
+            if member.issym():
+                link = (target.parent / member.linkname).resolve()
+            elif member.islnk():  # a hard link names a member of the archive
+                link = (root / member.linkname).resolve()
+            if not (target.is_relative_to(root) and link.is_relative_to(root)) or member.isdev():
+                raise InstallError(
+                    f"{archive.name} is not a plain source archive: {member.name!r} would be "
+                    f"extracted outside {dest} (or is a device)"
+                )
+        sdist.extractall(dest)
+
+
 def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
     check_toolchain()
+    check_python_headers(target)
     frameworks = f"torch {target.torch_version}" + (f" and TensorFlow {target.tf_version}" if target.tf_version else "")
     minutes = 10 if target.tf_version else 5
     print(
@@ -318,8 +362,7 @@ def build_wheel(target: Target, variant: Variant, cache: Path) -> Path:
             ],
             check=True,
         )
-        with tarfile.open(work / f"horovod-{HOROVOD_VERSION}.tar.gz") as sdist:
-            sdist.extractall(work, filter="data")
+        unpack_sdist(work / f"horovod-{HOROVOD_VERSION}.tar.gz", work)
         src = work / f"horovod-{HOROVOD_VERSION}"
         raise_cxx_standard(src)
         if target.tf_version:

@@ -58,6 +58,7 @@ def test_decorator_example_trains_and_reports(example_dags, caplog, capsys):
     assert states(run) == {"prepare_data": "success", "train": "success", "report": "success"}
     metrics = xcom(run, "train")
     assert metrics["ranks"] == 2 and metrics["epochs"] == 8 and metrics["accuracy"] > 0.9
+    assert len(metrics["hosts"]) == 2  # where each rank ran (local[2]: this host, twice)
     relayed = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"]
     assert relayed[0].startswith("[rank 0] epoch 1/8: loss=") and relayed[-1].startswith("[rank 0] epoch 8/8: loss=")
     assert f"rank 0 result: {metrics}" in capsys.readouterr().out

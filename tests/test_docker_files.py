@@ -163,3 +163,43 @@ def test_the_dockerfile_has_no_amd64_paths_and_dependencies_before_the_source(in
 def test_dockerignore_keeps_local_state_out_of_the_image():
     ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".venv", ".git", "airflow_home"} <= ignored
+
+
+def test_torch_comes_from_an_index_or_a_wheel_directory_given_at_build_time(instructions):
+    args = dict(i.value[0].split("=", 1) for i in instructions if i.cmd == "ARG" and "=" in i.value[0])
+    assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"  # what a user with internet wants
+    stages = [i.value for i in instructions if i.cmd == "FROM"]
+    assert ("scratch", "AS", "torch-wheels") in stages  # empty unless --build-context torch-wheels=DIR
+    torch_run = next(i for i in instructions if i.cmd == "RUN" and "torch==" in i.original)
+    assert "--mount=type=bind,from=torch-wheels,target=/torch-wheels" in torch_run.flags
+    assert "--find-links /torch-wheels" in torch_run.original
+    assert '${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"}' in torch_run.original  # empty: no index at all
+
+
+def test_tensorflow_is_a_build_argument_off_by_default(instructions):
+    args = [i.value[0] for i in instructions if i.cmd == "ARG"]
+    assert "TENSORFLOW=false" in args
+    runs = [i.original for i in instructions if i.cmd == "RUN"]
+    tf = next(n for n, run in enumerate(runs) if "requirements_of.py tensorflow" in run)
+    horovod = next(n for n, run in enumerate(runs) if "install_horovod.py" in run)
+    assert tf < horovod  # horovod is built against the TensorFlow already installed
+
+
+def test_requirements_of_lists_the_core_and_the_extras(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("requirements_of", ROOT / "scripts" / "requirements_of.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--core", "airflow", "--pyproject", str(ROOT / "pyproject.toml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("cloudpickle") for line in lines)  # the core
+    assert any(line.startswith("apache-airflow>=") for line in lines)  # the extra asked for
+    assert not any(line.startswith("horovod") for line in lines)  # an extra not asked for: install_horovod.py's
+    with pytest.raises(SystemExit, match="no extra nonesuch in"):
+        module.main(["nonesuch", "--pyproject", str(ROOT / "pyproject.toml")])
+
+
+def test_the_check_script_is_a_make_target():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^docker-check:\n\tscripts/docker_check\.sh$", makefile, re.M)
