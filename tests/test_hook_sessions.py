@@ -43,6 +43,12 @@ def test_a_failure_right_after_joining_the_session_releases_it(monkeypatch, no_s
     """Before: application_ui_url() ran between joining the shared session and the try that leaves it."""
     from pyspark import SparkContext
 
+    from airflow_provider_hvd.hooks.spark_output import stop_gateway
+
+    if SparkContext._gateway is not None:  # a JVM that an earlier module's session left: not the hook's to stop
+        stop_gateway(SparkContext._gateway)
+    assert SparkContext._gateway is None, "a SparkContext of an earlier test is still running"
+
     def broken(sc, history_server=None):
         raise RuntimeError("the UI link failed")
 

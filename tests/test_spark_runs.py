@@ -57,5 +57,8 @@ def test_killing_the_spark_job_leaves_no_rank_behind(spark_local, pid_dir):
     assert_all_gone(pids)
     error = outcome.get("error")
     assert type(error) is HorovodRunnerError  # Spark's doing, not a rank's, nor the driver's own cancellation
-    assert str(error).startswith("a Spark barrier job of 2 tasks on local[2] failed: [SPARK_JOB_CANCELLED] Job ")
+    assert str(error).startswith(
+        "a Spark barrier job of 2 tasks on local[2] failed: its job was killed from outside the run: "
+        "[SPARK_JOB_CANCELLED] Job "
+    )
     assert "\tat org.apache" not in str(error) and "py4j" not in str(error)

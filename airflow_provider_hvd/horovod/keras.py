@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_hvd.runner.rank.control import log_to_driver
+from airflow_provider_hvd.runner.rank.control import control_pipe, log_to_driver
 from airflow_provider_hvd.runner.rank.progress import log_metrics, report_checkpoint
 
 
@@ -144,7 +144,8 @@ class LogCallback(_Callback):
         self._epoch = epoch
         self._send(f"epoch {self._of_epochs()} end: {_format_logs(logs)}".rstrip(": "))
         metrics = _numbers(logs)
-        if metrics and (self.all_ranks or _is_rank0()):
+        # as data only inside a run: outside one, log_metrics would print the line just printed again
+        if metrics and (self.all_ranks or _is_rank0()) and control_pipe() is not None:
             log_metrics(epoch + 1, **metrics)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
