@@ -47,6 +47,7 @@ from ..shared.messages import (
     send,
 )
 from ..shared.rank_tag import tagged
+from ..shared.tls import connect_tls
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .activity import ActivityReporter, is_stall_warning
 from .kill_evidence import MemoryWatch
@@ -78,6 +79,7 @@ class AgentArgs:
         default_factory=Liveness
     )  # heartbeats with the driver (the run's settings, from the driver)
     activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
+    tls_fingerprint: str | None = None  # the channel is TLS: the SHA-256 of the driver's certificate (..shared.tls)
 
 
 class _RankProcess:
@@ -320,11 +322,17 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
     ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
     """
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
-    stream = FrameStream.over_socket(sock)
+    stream: FrameStream | None = None
     watcher: threading.Thread | None = None
     watch: DriverWatch | None = None
     try:
-        connect_handshake(sock, args.secret)
+        if args.tls_fingerprint is None:
+            stream = FrameStream.over_socket(sock)
+            connect_handshake(sock, args.secret)
+        else:  # the channel is TLS: a certificate other than the run's is refused here, before anything is sent
+            session, buffered = connect_tls(sock, args.tls_fingerprint)
+            stream = FrameStream.over_socket(sock, session, buffered)
+            connect_handshake(sock, args.secret, over=stream)
         watch = DriverWatch(stream, sock, args.liveness)
         host, hostname = sock.getsockname()[0], socket.gethostname()
         hello = Hello(host=host, pid=os.getpid()) if hello is None else hello
@@ -348,7 +356,10 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
                 return "lost the driver"
             return "failed"
     finally:
-        stream.close()
+        if stream is not None:
+            stream.close()
+        else:
+            sock.close()
         if watch is not None:
             watch.stop()
         if watcher is not None:
