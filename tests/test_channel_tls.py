@@ -23,6 +23,7 @@ from airflow_provider_hvd.runner.driver import encryption
 from airflow_provider_hvd.runner.driver.channel import DriverChannel
 from airflow_provider_hvd.runner.driver.local_launch import LocalLauncher
 from airflow_provider_hvd.runner.driver.supervisor import Supervisor
+from airflow_provider_hvd.runner.shared.liveness import Liveness
 from airflow_provider_hvd.runner.shared.payload import dumps_job
 from airflow_provider_hvd.runner.shared.tls import RunCertificate
 from airflow_provider_hvd.runner.shared.wire import DriverHandshake, new_secret
@@ -112,8 +113,9 @@ def test_the_warning_comes_once_per_process_and_only_when_spark_encrypts(caplog,
 class RecordingProxy:
     """Forwards each connection to ``target`` and keeps every byte that passed, both ways."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], up_bytes_per_s: float | None = None) -> None:
         self.target = target
+        self.up_bytes_per_s = up_bytes_per_s  # a slow link from the agents to the driver
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.to_driver: list[bytearray] = []  # per connection, in the order they came
@@ -134,17 +136,19 @@ class RecordingProxy:
             self.to_driver.append(up)
             self.to_agent.append(down)
             self._socks += [agent, driver]
-            for src, dst, record in ((agent, driver, up), (driver, agent, down)):
-                thread = threading.Thread(target=self._pump, args=(src, dst, record), daemon=True)
+            for src, dst, record, rate in ((agent, driver, up, self.up_bytes_per_s), (driver, agent, down, None)):
+                thread = threading.Thread(target=self._pump, args=(src, dst, record, rate), daemon=True)
                 thread.start()
                 self._threads.append(thread)
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, record: bytearray) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, record: bytearray, rate: float | None) -> None:
         try:
             while data := src.recv(1 << 16):
                 record += data
                 dst.sendall(data)
+                if rate:
+                    time.sleep(len(data) / rate)  # the link's pace (not a wait for a state)
             dst.shutdown(socket.SHUT_WR)  # as TCP would: the other direction goes on until its own end
         except OSError:  # a reset: both ends learn of it
             for sock in (dst, src):
@@ -169,16 +173,17 @@ class ProxiedLauncher(LocalLauncher):
     """Local ranks whose agents reach the driver channel through a :class:`RecordingProxy`."""
 
     proxy: RecordingProxy | None = None
+    up_bytes_per_s: float | None = None
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
-        self.proxy = RecordingProxy((host, port))
+        self.proxy = RecordingProxy((host, port), self.up_bytes_per_s)
         return dataclasses.replace(super().agent_args(host, port, secret, verbosity), port=self.proxy.port)
 
 
-def run_supervised(launcher: LocalLauncher, tls: bool, **kwargs) -> object:
+def run_supervised(launcher: LocalLauncher, tls: bool, liveness: Liveness | None = None, **kwargs) -> object:
     """What HorovodRunner.run does, with ``launcher`` (TLS is decided by the Spark conf there; here by ``tls``)."""
     payload = dumps_job(allreduce_and_talk, (), {"marker": MARKER, **kwargs})
-    return Supervisor(launcher, payload, "all", lambda: False, 120.0, channel_tls=tls).run()
+    return Supervisor(launcher, payload, "all", lambda: False, 120.0, liveness=liveness, channel_tls=tls).run()
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -204,6 +209,20 @@ def test_the_channels_bytes_are_encrypted_when_tls_is_on(tls, caplog):
         assert all(up.startswith(b"\x16\x03") for up in proxy.to_driver)  # each began with a TLS ClientHello
     else:
         assert MARKER.encode() in wire and b"flood 0.1" in wire  # the same run in the clear: the test can fail
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_large_result_on_a_slow_link_reaches_the_driver(tls):
+    """Rank 0's result is still on its way when its agent is done: heartbeats from the driver that come after
+    the agent's end must not reset the connection (and drop what is still queued)."""
+    launcher = ProxiedLauncher(2)
+    launcher.up_bytes_per_s = 2 << 20  # 2 MiB/s: the last MiBs of the result are queued when the agent ends
+    try:
+        result = run_supervised(launcher, tls, Liveness(interval_s=0.1, timeout_s=5.0), big=BIG_RESULT_BYTES)
+    finally:
+        if launcher.proxy is not None:
+            launcher.proxy.close()
+    assert isinstance(result, dict) and len(result["big"]) == BIG_RESULT_BYTES
 
 
 # --- an impostor's certificate ----------------------------------------------------------------------------

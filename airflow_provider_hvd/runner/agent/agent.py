@@ -59,6 +59,7 @@ from .stacks import StackFile
 TAIL_LINES = 50
 CONNECT_TIMEOUT_S = 30.0
 EXIT_AFTER_REPORT_S = 10.0  # a rank that reported but does not exit is ended after this
+REPORT_DELIVERY_S = 600.0  # the most an agent waits for the driver to have its report (a large result, a slow link)
 _OUTPUT_DRAIN_S = 5.0  # after the reaper exited, output still held open by an escaped process is abandoned
 _MESSAGE_WAIT_S = 2.0  # a message is written before its marker: it is late only when the agent is starved
 _REAPER = str(Path(reaper.__file__).resolve())
@@ -316,6 +317,20 @@ def _run_rank(
     return watcher
 
 
+def _let_the_report_arrive(sock: socket.socket, watcher: threading.Thread) -> None:
+    """End the connection once the driver has all the agent sent (it closes its end then), not before.
+
+    On a slow link the end of a large result may still be queued here when the agent is done; closing at once
+    would make the heartbeats that keep coming from the driver reset the connection, and what was queued
+    would be lost. The watcher reads (and drops) them until the driver's end comes, or the driver goes silent.
+    """
+    try:
+        sock.shutdown(socket.SHUT_WR)  # the driver reads all that was queued, then this end
+    except OSError:
+        return
+    watcher.join(REPORT_DELIVERY_S)
+
+
 def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | None = None) -> str:
     """Run one rank under supervision; returns what became of it, in a word.
 
@@ -356,6 +371,8 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
                 return "lost the driver"
             return "failed"
     finally:
+        if watcher is not None:
+            _let_the_report_arrive(sock, watcher)
         if stream is not None:
             stream.close()
         else:
