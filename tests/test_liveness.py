@@ -222,16 +222,3 @@ def test_a_hung_agent_is_named_within_the_timeout(spark_local, pid_dir):
     assert "nothing heard from it for" in str(error), str(error)
     assert named_after < 3.0 + 15  # the timeout, and the other rank's end (its SIGTERM grace)
     assert_all_gone(pids, within=20)
-
-
-def test_spark_encryption_is_met_with_a_warning_that_the_runs_traffic_is_not_encrypted(caplog, monkeypatch):
-    from airflow_provider_hvd.runner.driver import encryption
-
-    monkeypatch.setattr(encryption, "_warned", threading.Event())
-    encryption.warn_if_spark_encrypted({"spark.network.crypto.enabled": "false"}.get)
-    assert not caplog.records
-    for _ in range(2):
-        encryption.warn_if_spark_encrypted({"spark.ssl.enabled": "true"}.get)
-    assert [r.levelname for r in caplog.records] == ["WARNING"]  # once
-    assert "spark.ssl.enabled=true encrypts Spark's own traffic, but not the run's" in caplog.text
-    assert "Gloo traffic between the ranks (the tensors) travel unencrypted" in caplog.text

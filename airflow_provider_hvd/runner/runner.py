@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .driver.channel import rank_log
-from .driver.encryption import warn_if_spark_encrypted
+from .driver.encryption import spark_encrypts, warn_if_spark_encrypted
 from .driver.local_launch import LocalLauncher
 from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
@@ -176,12 +176,14 @@ class HorovodRunner:
             if self.num_processor < 0:
                 launcher = LocalLauncher(-self.num_processor)
                 conf: Callable[[str], str | None] = lambda key: None  # noqa: E731
+                channel_tls = False  # loopback only: nothing to encrypt against
             else:
                 spark = active_session()
                 launcher = SparkLauncher(
                     spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
                 )
                 conf = spark.sparkContext.getConf().get
+                channel_tls = spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own
                 warn_if_spark_encrypted(conf)
             liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
             warn_if_gloo_first(liveness, os.environ)
@@ -196,6 +198,7 @@ class HorovodRunner:
                 liveness,
                 stall_timeout=self.stall_timeout,
                 code_files=CodeFiles(main, args, kwargs),
+                channel_tls=channel_tls,
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             if self.resume_from is not None:

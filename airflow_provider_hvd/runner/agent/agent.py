@@ -47,6 +47,7 @@ from ..shared.messages import (
     send,
 )
 from ..shared.rank_tag import tagged
+from ..shared.tls import connect_tls
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .activity import ActivityReporter, is_stall_warning
 from .kill_evidence import MemoryWatch
@@ -58,6 +59,7 @@ from .stacks import StackFile
 TAIL_LINES = 50
 CONNECT_TIMEOUT_S = 30.0
 EXIT_AFTER_REPORT_S = 10.0  # a rank that reported but does not exit is ended after this
+REPORT_DELIVERY_S = 600.0  # the most an agent waits for the driver to have its report (a large result, a slow link)
 _OUTPUT_DRAIN_S = 5.0  # after the reaper exited, output still held open by an escaped process is abandoned
 _MESSAGE_WAIT_S = 2.0  # a message is written before its marker: it is late only when the agent is starved
 _REAPER = str(Path(reaper.__file__).resolve())
@@ -78,6 +80,7 @@ class AgentArgs:
         default_factory=Liveness
     )  # heartbeats with the driver (the run's settings, from the driver)
     activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
+    tls_fingerprint: str | None = None  # the channel is TLS: the SHA-256 of the driver's certificate (..shared.tls)
 
 
 class _RankProcess:
@@ -314,17 +317,37 @@ def _run_rank(
     return watcher
 
 
+def _let_the_report_arrive(sock: socket.socket, watcher: threading.Thread) -> None:
+    """End the connection once the driver has all the agent sent (it closes its end then), not before.
+
+    On a slow link the end of a large result may still be queued here when the agent is done; closing at once
+    would make the heartbeats that keep coming from the driver reset the connection, and what was queued
+    would be lost. The watcher reads (and drops) them until the driver's end comes, or the driver goes silent.
+    """
+    try:
+        sock.shutdown(socket.SHUT_WR)  # the driver reads all that was queued, then this end
+    except OSError:
+        return
+    watcher.join(REPORT_DELIVERY_S)
+
+
 def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | None = None) -> str:
     """Run one rank under supervision; returns what became of it, in a word.
 
     ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
     """
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
-    stream = FrameStream.over_socket(sock)
+    stream: FrameStream | None = None
     watcher: threading.Thread | None = None
     watch: DriverWatch | None = None
     try:
-        connect_handshake(sock, args.secret)
+        if args.tls_fingerprint is None:
+            stream = FrameStream.over_socket(sock)
+            connect_handshake(sock, args.secret)
+        else:  # the channel is TLS: a certificate other than the run's is refused here, before anything is sent
+            session, buffered = connect_tls(sock, args.tls_fingerprint)
+            stream = FrameStream.over_socket(sock, session, buffered)
+            connect_handshake(sock, args.secret, over=stream)
         watch = DriverWatch(stream, sock, args.liveness)
         host, hostname = sock.getsockname()[0], socket.gethostname()
         hello = Hello(host=host, pid=os.getpid()) if hello is None else hello
@@ -348,7 +371,12 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
                 return "lost the driver"
             return "failed"
     finally:
-        stream.close()
+        if watcher is not None:
+            _let_the_report_arrive(sock, watcher)
+        if stream is not None:
+            stream.close()
+        else:
+            sock.close()
         if watch is not None:
             watch.stop()
         if watcher is not None:

@@ -10,6 +10,9 @@ leaves no thread or socket behind.
 Liveness (:mod:`..shared.liveness`): the loop sends every proven connection a heartbeat each interval, and a
 connection from which nothing (no frame, no byte) came for the heartbeat timeout is lost, ``silent_for`` set:
 its agent's host vanished, or the network to it is cut (no FIN or RST ever comes then).
+
+TLS (:mod:`..shared.tls`), when the run has a certificate: each connection's bytes pass through its session,
+in the loop as they are read (never blocking) and in whichever thread writes (under the send lock).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import resource
 import select
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +52,7 @@ from ..shared.messages import (
     frame,
 )
 from ..shared.rank_tag import RANK_LINE, RANK_TAG
+from ..shared.tls import PLAIN, Session, server_session
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -67,10 +72,13 @@ _SPARE_DESCRIPTORS = 256  # beside the agents' connections: unproven ones, the r
 class AgentConnection:
     """The driver's end of one agent's connection."""
 
-    def __init__(self, sock: socket.socket, peer: tuple[str, int], handshake: DriverHandshake) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: tuple[str, int], handshake: DriverHandshake, session: Session = PLAIN
+    ) -> None:
         self.peer_host = peer[0]  # the agent's address as the driver sees it (after any NAT on the way)
         self.peer = f"{peer[0]}:{peer[1]}"
         self.sock = sock
+        self.session = session  # TLS, or plain: what is read passes through it, and what is sent
         self._send_lock = threading.Lock()  # the supervisor writes; the channel's loop reads and closes
         self._closed = False
         self.rank: int | None = None
@@ -92,7 +100,7 @@ class AgentConnection:
             return  # a Start or an Abort is on its way: that is a sign of life too
         try:
             if not self._closed and _ready(self.sock, select.POLLOUT):
-                self.sock.send(_HEARTBEAT)
+                self.sock.sendall(self.session.seal(_HEARTBEAT))  # a few bytes: a writable socket takes them at once
         except OSError:
             pass  # gone: its end reaches the loop as a read
         finally:
@@ -102,11 +110,29 @@ class AgentConnection:
         return self.hello.where() if self.hello else f"at {self.peer}"
 
     def _send(self, message: Message) -> None:
-        data = frame(message)
+        self.write_bytes(frame(message))
+
+    def write_bytes(self, data: bytes) -> None:
+        """``data`` to the agent (sealed when the channel is TLS), after anything written before."""
         with self._send_lock:
             if self._closed:
                 raise ConnectionResetError("the connection is closed")
-            self.sock.sendall(data)
+            sealed = self.session.seal(data)  # sealed and sent under one lock: TLS records go out in order
+            if sealed:
+                self.sock.sendall(sealed)
+
+    def flush(self) -> None:
+        """Send what TLS has left to send (its handshake, and the nonce waiting behind it), unless a writer is
+        sending now (it takes these bytes along): never waits on the send lock."""
+        if not self.session.has_output() or not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            if not self._closed:
+                self.sock.sendall(self.session.seal())
+        except OSError:
+            pass  # gone: its end reaches the loop as a read
+        finally:
+            self._send_lock.release()
 
     def start(self, start: Start) -> None:
         self.rank = start.rank
@@ -143,7 +169,7 @@ class AgentConnection:
         self._answer += data[:need]
         if len(self._answer) < DriverHandshake.ANSWER_BYTES:
             return None
-        self.sock.sendall(self.handshake.verify(bytes(self._answer)))
+        self.write_bytes(self.handshake.verify(bytes(self._answer)))
         self.handshake = None
         return data[need:]
 
@@ -193,13 +219,20 @@ class DriverChannel:
     ``events``, logs to logging."""
 
     def __init__(
-        self, host: str, secret: bytes, agents: int = 0, port: int = 0, liveness: Liveness | None = None
+        self,
+        host: str,
+        secret: bytes,
+        agents: int = 0,
+        port: int = 0,
+        liveness: Liveness | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)  # first: nothing to undo if taken
         make_room_for_connections(agents)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
         self.on_progress: Callable[[int | None, Message], None] | None = None  # a rank's metrics or checkpoint
         self._secret = secret
+        self._tls = tls  # the context of the run's certificate (..shared.tls.RunCertificate), for a TLS channel
         self._selector = selectors.DefaultSelector()
         self._pending = 0  # connections still proving the secret
         self._closed = False
@@ -294,9 +327,9 @@ class DriverChannel:
                     self._fd_pause_until = time.monotonic() + _FD_PAUSE_S
                 return  # (ECONNABORTED and the like: that connection is gone)
             sock.settimeout(SEND_TIMEOUT_S)  # reads happen only when the selector says there is data
-            conn = AgentConnection(sock, addr, DriverHandshake(self._secret))
+            conn = AgentConnection(sock, addr, DriverHandshake(self._secret), server_session(self._tls))
             try:
-                sock.sendall(conn.handshake.nonce)  # type: ignore[union-attr]
+                conn.write_bytes(conn.handshake.nonce)  # type: ignore[union-attr]  # (TLS: once its handshake is done)
             except OSError:
                 sock.close()
                 continue
@@ -371,6 +404,15 @@ class DriverChannel:
         else:
             error = None
             conn.last_heard = time.monotonic()
+        if data:
+            try:
+                data = conn.session.receive(data)  # plain: the bytes themselves; TLS: the plaintext they complete
+            except ssl.SSLError as exc:  # not this run's TLS
+                data, error = b"", exc
+            else:
+                conn.flush()
+                if not data:
+                    return  # (TLS: its handshake goes on, or a record is not complete yet)
         if conn.handshake is not None:
             self._on_handshake_data(conn, data, error)
             return

@@ -1,4 +1,5 @@
-"""What HorovodRunner does not encrypt, said once when the application asks Spark to encrypt its own traffic."""
+"""Whether the application has Spark encrypt its traffic (the driver channel is TLS then: ..shared.tls), and
+what HorovodRunner cannot encrypt, said once."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ def spark_encrypts(conf: Callable[[str], str | None]) -> str | None:
 
 
 def warn_if_spark_encrypted(conf: Callable[[str], str | None]) -> None:
-    """Once per process: Spark's traffic is encrypted, the run's own is not."""
+    """Once per process: Spark's traffic and the driver channel are encrypted, Gloo's is not."""
     setting = spark_encrypts(conf)
     if setting is None or _warned.is_set():
         return
     _warned.set()
     log.warning(
-        "HorovodRunner: %s=true encrypts Spark's own traffic, but not the run's: the driver channel (authenticated "
-        "with a per-run secret; it carries the ranks' slots, logs and rank 0's result) and Horovod's Gloo traffic "
-        "between the ranks (the tensors) travel unencrypted. Run on a network you trust.",
+        "HorovodRunner: %s=true: Spark's traffic is encrypted, and so is the driver channel (TLS with a certificate "
+        "made for each run); Horovod's Gloo traffic between the ranks (the tensors, and its rendezvous) cannot be "
+        "encrypted by Horovod and travels unencrypted. Run the ranks on a network you trust.",
         setting,
     )

@@ -18,6 +18,7 @@ from ..shared.horovod_env import forwarded_settings, slot_env
 from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
 from ..shared.messages import Done, Hello, Start
+from ..shared.tls import RunCertificate
 from ..shared.wire import new_secret
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Supervisor:
         liveness: Liveness | None = None,
         stall_timeout: float | None = None,
         code_files: CodeFiles | None = None,
+        channel_tls: bool = False,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -97,23 +99,32 @@ class Supervisor:
         self._liveness = liveness or Liveness()
         self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
         self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
+        self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (..shared.tls)
 
     def run(self) -> Any:
         secret = new_secret()
+        certificate = RunCertificate.new() if self._channel_tls else None
+        tls = certificate.context if certificate else None
         driver = self.launcher.driver
         channel = driver.listen(
-            CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness)
+            CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness, tls)
         )
         channel.on_progress = self._progress.take
         try:
             self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
-            log.info("HorovodRunner: driver channel on %s", driver.describe(channel.port))
+            log.info(
+                "HorovodRunner: driver channel on %s%s",
+                driver.describe(channel.port),
+                f", TLS 1.3 (this run's certificate, SHA-256 {certificate.fingerprint})" if certificate else "",
+            )
             log.info("HorovodRunner: Gloo rendezvous on %s", driver.describe(self._rendezvous.port))
             self.launcher.check_slots()
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
-            args = dataclasses.replace(args, liveness=self._liveness)
+            args = dataclasses.replace(
+                args, liveness=self._liveness, tls_fingerprint=certificate.fingerprint if certificate else None
+            )
             if self._stalls is not None:
                 args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
             self.launcher.start(args, payload)

@@ -16,7 +16,11 @@ import secrets
 import socket
 import struct
 import threading
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .tls import TlsSession
 
 _HEADER = struct.Struct("!BI")
 NONCE_BYTES = 32
@@ -108,7 +112,14 @@ class FrameDecoder:
         return frames
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
+class Reader(Protocol):
+    """What :class:`FrameStream` reads from: a binary file, or TLS on a socket (:class:`.tls.TlsReader`)."""
+
+    def read(self, n: int, /) -> bytes | None: ...
+    def close(self) -> None: ...
+
+
+def _read_exact(stream: Reader, n: int) -> bytes:
     data = stream.read(n)
     if data is None or len(data) < n:
         raise ConnectionClosed(f"stream closed after {0 if not data else len(data)} of {n} bytes")
@@ -118,7 +129,7 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
 class FrameStream:
     """Reads and writes frames on a byte stream; writes are serialised so that threads can share it."""
 
-    def __init__(self, reader: BinaryIO, write: Any) -> None:
+    def __init__(self, reader: Reader, write: Any) -> None:
         self._reader = reader
         self._write = write
         self._lock = threading.Lock()
@@ -126,10 +137,25 @@ class FrameStream:
         self._sock: socket.socket | None = None
 
     @classmethod
-    def over_socket(cls, sock: socket.socket) -> FrameStream:
-        stream = cls(sock.makefile("rb"), sock.sendall)
+    def over_socket(cls, sock: socket.socket, tls: TlsSession | None = None, buffered: bytes = b"") -> FrameStream:
+        """Frames on ``sock``; through ``tls`` (and after its ``buffered`` plaintext) when the channel is TLS."""
+        if tls is None:
+            stream = cls(sock.makefile("rb"), sock.sendall)
+        else:
+            from .tls import TlsReader, TlsWriter
+
+            stream = cls(TlsReader(sock, tls, buffered), TlsWriter(sock, tls))
         stream._sock = sock
         return stream
+
+    def read_bytes(self, n: int) -> bytes:
+        """Exactly ``n`` bytes, outside any frame (a handshake's)."""
+        return _read_exact(self._reader, n)
+
+    def write_bytes(self, data: bytes) -> None:
+        """``data`` as it is, outside any frame (a handshake's)."""
+        with self._lock:
+            self._write(data)
 
     def close(self) -> None:
         """Shut the socket down (a thread blocked reading it wakes up) and release it."""
@@ -198,11 +224,20 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def connect_handshake(sock: socket.socket, secret: bytes) -> None:
-    """Agent side of the mutual HMAC challenge: it proves the secret first; then the driver proves it back."""
+def connect_handshake(sock: socket.socket, secret: bytes, over: FrameStream | None = None) -> None:
+    """Agent side of the mutual HMAC challenge: it proves the secret first; then the driver proves it back.
+
+    ``over``: the connection's stream when the channel is TLS (the challenge runs inside it).
+    """
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    answer, driver_proof = agent_answer(secret, _recv_exact(sock, NONCE_BYTES))
-    sock.sendall(answer)
-    if not hmac.compare_digest(_recv_exact(sock, PROOF_BYTES), driver_proof):
+    read: Callable[[int], bytes] = over.read_bytes if over is not None else lambda n: _recv_exact(sock, n)
+    write: Callable[[bytes], None] = over.write_bytes if over is not None else sock.sendall
+    try:
+        answer, driver_proof = agent_answer(secret, read(NONCE_BYTES))
+        write(answer)
+        proof = read(PROOF_BYTES)
+    except ConnectionClosed as exc:
+        raise AuthenticationError("connection closed during the handshake") from exc
+    if not hmac.compare_digest(proof, driver_proof):
         raise AuthenticationError("the driver did not prove this run's secret")
     sock.settimeout(None)
