@@ -101,6 +101,32 @@ def assert_all_gone(pids: list[int], within: float = 15.0) -> None:
     assert not [pid for pid in pids if alive(pid)], "rank processes outlived the run"
 
 
+def cancel_once_running(runner, pid_dir: str, ranks: int = 2) -> tuple[BaseException, list[int], float]:
+    """Run :func:`sleep_and_record` with ``runner`` in a thread and cancel it once its ranks run (driver side).
+
+    Returns the error ``run`` raised, the ranks' pids and the seconds from the cancel to ``run``'s end.
+    """
+    import threading
+
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            runner.run(sleep_and_record, pid_dir=pid_dir)
+        except BaseException as exc:  # noqa: BLE001 - the caller checks which
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    pids = wait_for_pids(pid_dir, ranks)
+    started = time.monotonic()
+    runner.cancel()
+    thread.join(30)
+    assert not thread.is_alive(), "run() did not end within 30 s of cancel()"
+    assert "error" in outcome, "run() returned instead of raising"
+    return outcome["error"], pids, time.monotonic() - started
+
+
 def allreduce_until_failure(bad_rank: int, fail_at: int = 5) -> None:
     """Every rank allreduces a gradient-sized tensor in a loop; ``bad_rank`` raises at step ``fail_at``.
 

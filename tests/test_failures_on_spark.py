@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import make_session
-from jobs import allreduce_sum, assert_all_gone, sleep_and_record, wait_for_pids
+from jobs import allreduce_sum, assert_all_gone, cancel_once_running, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError
 
@@ -81,17 +81,9 @@ def test_a_lost_agent_is_named_with_its_executor_and_sparks_reason(spark_retryin
 
 def test_cancel_gives_run_cancelled_on_spark_and_the_runner_runs_again(spark_retrying, pid_dir):
     runner = HorovodRunner(np=2)
-    outcome: dict = {}
-    thread = threading.Thread(
-        target=lambda: outcome.update(
-            error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
-        )
-    )
-    thread.start()
-    pids = wait_for_pids(pid_dir, 2)
-    runner.cancel()
-    thread.join(30)
-    assert "the run was cancelled; every rank was ended" in str(outcome["error"].value)
+    error, pids, _ = cancel_once_running(runner, pid_dir)
+    assert isinstance(error, RunCancelledError)
+    assert "the run was cancelled; every rank was ended" in str(error)
     assert_all_gone(pids, within=5)
     assert no_spark_job_left(spark_retrying)
     assert runner.run(allreduce_sum)["sum"] == 3.0  # a cancelled runner is not stuck cancelled

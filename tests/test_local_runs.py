@@ -7,7 +7,15 @@ import time
 
 import psutil
 import pytest
-from jobs import allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
+from jobs import (
+    allreduce_sum,
+    assert_all_gone,
+    cancel_once_running,
+    fail_on_rank,
+    sleep_and_record,
+    train_linear,
+    wait_for_pids,
+)
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
 
@@ -75,20 +83,10 @@ def test_unpicklable_result_is_named():
 
 
 def test_cancel_ends_every_rank_and_raises(pid_dir):
-    runner = HorovodRunner(np=-2)
-    outcome: dict = {}
-    thread = threading.Thread(
-        target=lambda: outcome.update(
-            error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
-        )
-    )
-    thread.start()
-    pids = wait_for_pids(pid_dir, 2)
-    started = time.monotonic()
-    runner.cancel()
-    thread.join(30)
-    assert time.monotonic() - started < 10
-    assert "the run was cancelled; every rank was ended" in str(outcome["error"].value)
+    error, pids, took = cancel_once_running(HorovodRunner(np=-2), pid_dir)
+    assert took < 10
+    assert isinstance(error, RunCancelledError)
+    assert "the run was cancelled; every rank was ended" in str(error)
     assert_all_gone(pids, within=1)
 
 

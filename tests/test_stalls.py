@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobs import assert_all_gone, sleep_and_record, wait_for_pids
+from jobs import assert_all_gone, cancel_once_running, sleep_and_record, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RunCancelledError, RunStalledError
 
@@ -145,18 +145,8 @@ def test_an_interrupted_driver_logs_where_the_ranks_were(pid_dir, caplog):
 
 def test_a_cancelled_run_logs_where_the_ranks_were(pid_dir, caplog):
     caplog.set_level(logging.WARNING, logger="airflow_provider_hvd.runner")
-    runner = HorovodRunner(np=-2)
-    outcome: dict = {}
-    thread = threading.Thread(
-        target=lambda: outcome.update(
-            error=pytest.raises(RunCancelledError, runner.run, sleep_and_record, pid_dir=pid_dir)
-        )
-    )
-    thread.start()
-    pids = wait_for_pids(pid_dir, 2)
-    runner.cancel()
-    thread.join(30)
-    assert "error" in outcome
+    error, pids, _ = cancel_once_running(HorovodRunner(np=-2), pid_dir)
+    assert isinstance(error, RunCancelledError)
     assert_all_gone(pids, within=1)
     assert "HorovodRunner: the run was cancelled; where the ranks were" in caplog.text
     assert "was in sleep_and_record (" in caplog.text

@@ -66,13 +66,15 @@ _SCRIPT = f"""
 _can_read_task_instance = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
 
 
+def _of_task(model: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> tuple[Any, ...]:
+    """The conditions that pick one task instance's rows of ``model``."""
+    return (model.dag_id == dag_id, model.run_id == run_id, model.task_id == task_id, model.map_index == map_index)
+
+
 def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
     rows = session.execute(
         select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
-            TaskStateStoreModel.dag_id == dag_id,
-            TaskStateStoreModel.run_id == run_id,
-            TaskStateStoreModel.task_id == task_id,
-            TaskStateStoreModel.map_index == map_index,
+            *_of_task(TaskStateStoreModel, dag_id, run_id, task_id, map_index),
             TaskStateStoreModel.key.in_([METRICS_KEY, CHECKPOINT_KEY]),
         )
     ).all()
@@ -82,10 +84,7 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
 def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     ti = session.execute(
         select(TaskInstance.state, TaskInstance.try_number).where(
-            TaskInstance.dag_id == dag_id,
-            TaskInstance.run_id == run_id,
-            TaskInstance.task_id == task_id,
-            TaskInstance.map_index == map_index,
+            *_of_task(TaskInstance, dag_id, run_id, task_id, map_index)
         )
     ).one_or_none()
     if ti is None:

@@ -351,14 +351,10 @@ class DriverChannel:
         It runs after the loop has read what the select found: a loop that was itself held up (a busy driver)
         first reads the heartbeats that waited, and ends no live connection.
         """
-        now = time.monotonic()
-        if now < self._next_beat:
+        if not self._beat_due():
             return
-        self._next_beat = now + self.liveness.interval_s
-        for key in list(self._selector.get_map().values()):
-            conn = key.data
-            if not isinstance(conn, AgentConnection) or conn.handshake is not None:
-                continue
+        now = time.monotonic()
+        for conn in self._proven():
             silent = now - conn.last_heard
             if silent > self.liveness.timeout_s:
                 self._lost(
@@ -374,14 +370,22 @@ class DriverChannel:
         """Between the frames of one long read (a flood of log lines to relay): the heartbeats that are due, so
         that agents do not take a busy driver for a gone one. No silence check here: other agents' heartbeats
         may be waiting unread behind this read (:meth:`_keep_alive` checks once the loop has read them)."""
+        if self._beat_due():
+            for conn in self._proven():
+                conn.beat()
+
+    def _beat_due(self) -> bool:
+        """Whether an interval has passed since the last heartbeats (and if so, the next is an interval away)."""
         now = time.monotonic()
         if now < self._next_beat:
-            return
+            return False
         self._next_beat = now + self.liveness.interval_s
-        for key in list(self._selector.get_map().values()):
-            conn = key.data
-            if isinstance(conn, AgentConnection) and conn.handshake is None:
-                conn.beat()
+        return True
+
+    def _proven(self) -> list[AgentConnection]:
+        """The connections whose agents have proven the secret."""
+        conns = (key.data for key in list(self._selector.get_map().values()))
+        return [conn for conn in conns if isinstance(conn, AgentConnection) and conn.handshake is None]
 
     def _reject(self, conn: AgentConnection, why: object) -> None:
         if not self._closed:
