@@ -115,7 +115,8 @@ class Browser:
         return result["result"].get("value")
 
     def wait_for(self, expression: str, timeout: float = 60.0, what: str = "") -> Any:
-        """Wait until ``expression`` is truthy in the page; its value."""
+        """Wait until ``expression`` is truthy in the page; its value. (A DOM node comes back as ``{}``, which is
+        falsy here: wait for ``!!document.querySelector(...)``.)"""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -125,13 +126,31 @@ class Browser:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{what or expression} not true within {timeout:.0f}s; page: {self.location()}")
+                raise TimeoutError(
+                    f"{what or expression} not true within {timeout:.0f}s; page: {self.location()}; "
+                    f"it shows: {self.page_summary()}"
+                )
             time.sleep(0.25)
 
     def type_into(self, selector: str, text: str) -> None:
         """Focus the element and type ``text`` as a user would (React sees the input events)."""
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", session=True, text=text)
+
+    def page_summary(self) -> str:
+        """The page's frames, its first inputs and the start of its text, for a failure's message."""
+        try:
+            return str(
+                self.evaluate(
+                    "JSON.stringify({iframes: Array.from(document.querySelectorAll('iframe')).map("
+                    "f => [f.title, f.src, (f.contentDocument?.body?.innerText || '').slice(0, 300)]), "
+                    "inputs: Array.from(document.querySelectorAll('input, button')).map("
+                    "e => e.outerHTML.slice(0, 120)).slice(0, 8), "
+                    "text: (document.body?.innerText || '').slice(0, 300)})"
+                )
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            return f"? ({exc})"
 
     def location(self) -> str:
         try:

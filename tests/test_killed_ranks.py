@@ -157,10 +157,6 @@ def spark_with_memory_settings(standalone_cluster):
     spark.stop()
 
 
-@pytest.mark.skipif(
-    os.environ.get("HVD_KILLED_RANKS_ON_SPARK") != "1",
-    reason="not yet run to its end once (issue 14); runs with HVD_KILLED_RANKS_ON_SPARK=1",
-)
 def test_on_spark_the_memory_settings_in_force_are_named(spark_with_memory_settings):
     """(A Spark worker in a memory cgroup at its limit thrashes on its JVM's file pages for minutes before the
     OOM killer acts: the OOM kill itself is tested with the script above.)"""

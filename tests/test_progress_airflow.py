@@ -123,6 +123,17 @@ def test_the_training_page_draws_each_metric(example_run, monkeypatch):
         token = client.post("/auth/token", json={"username": "admin", "password": password}).json()["access_token"]
         page = client.get(url, headers={"Authorization": f"Bearer {token}"})
         assert page.status_code == 200, page.text
+        # the UI fills {MAP_INDEX} only for a mapped task: for this one, the href comes with it as it is
+        as_the_ui_makes_it = (
+            TAB_HREF.replace("{DAG_ID}", "horovod_train_example")
+            .replace("{RUN_ID}", quote(example_run.run_id, safe=""))
+            .replace("{TASK_ID}", "train")
+        )
+        assert "{MAP_INDEX}" in as_the_ui_makes_it
+        unmapped = client.get(as_the_ui_makes_it, headers={"Authorization": f"Bearer {token}"})
+        assert (unmapped.status_code, unmapped.text) == (200, page.text)
+        bad = client.get(url.replace("map_index=-1", "map_index=x"), headers={"Authorization": f"Bearer {token}"})
+        assert bad.status_code == 422 and "map_index must be -1 or more, not 'x'" in bad.text
         assert page.text.count('<path class="curve" data-metric=') == 2
         assert 'data-live="false"' in page.text and "Last checkpoint: " in page.text
         assert (

@@ -66,6 +66,20 @@ _SCRIPT = f"""
 _can_read_task_instance = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))
 
 
+def _map_index(map_index: Annotated[str, Query()] = "-1") -> int:
+    """The ``map_index`` query parameter. The UI fills the tab's ``{MAP_INDEX}`` only for a mapped task and leaves
+    it as it is for the others: that, like no value, is the unmapped task's -1."""
+    if map_index == "{MAP_INDEX}":
+        return -1
+    try:
+        value = int(map_index)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"map_index must be -1 or more, not {map_index!r}")
+    return value
+
+
 def _of_task(model: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> tuple[Any, ...]:
     """The conditions that pick one task instance's rows of ``model``."""
     return (model.dag_id == dag_id, model.run_id == run_id, model.task_id == task_id, model.map_index == map_index)
@@ -131,7 +145,7 @@ def create_app() -> FastAPI:
         run_id: str,
         task_id: str,
         session: SessionDep,
-        map_index: Annotated[int, Query(ge=-1)] = -1,
+        map_index: Annotated[int, Depends(_map_index)],
     ) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         panel_src = (
@@ -153,7 +167,7 @@ def create_app() -> FastAPI:
         run_id: str,
         task_id: str,
         session: SessionDep,
-        map_index: Annotated[int, Query(ge=-1)] = -1,
+        map_index: Annotated[int, Depends(_map_index)],
     ) -> HTMLResponse:
         return HTMLResponse(_panel(session, dag_id, run_id, task_id, map_index), headers={"Cache-Control": "no-store"})
 
