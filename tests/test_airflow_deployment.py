@@ -1,5 +1,6 @@
 """A real Airflow deployment (`airflow standalone`: scheduler with LocalExecutor, API server, dag processor,
-triggerer) against the loopback standalone Spark cluster, driven and checked through the REST API as a user would.
+triggerer) against the loopback standalone Spark cluster, driven and checked through the REST API as a user would;
+and, where namespace hosts can be made (tests/hosts.py), its tasks' ranks on Spark workers on 2 hosts.
 
 The cluster has room for one 2-rank job at a time: runs triggered together wait their turn for task slots.
 """
@@ -13,15 +14,27 @@ import urllib.request
 
 import pytest
 from airflow_deployment import AirflowDeployment, log_text
+from hosts import Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 from spark_cluster import free_port
 
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
-DAGS = [EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill"]
+DAGS = [EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts"]
 
 
 @pytest.fixture(scope="module")
-def airflow(standalone_cluster, tmp_path_factory, request):
+def hosts(tmp_path_factory):
+    """2 hosts of 1 core each, or None where they cannot be made (not root, no `ip netns`)."""
+    if cannot_make_hosts() is not None:
+        yield None
+        return
+    hosts = Hosts(tmp_path_factory.mktemp("hosts"), cores=[1, 1]).start()
+    yield hosts
+    hosts.stop()
+
+
+@pytest.fixture(scope="module")
+def airflow(standalone_cluster, hosts, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-deployment")
     # a spark connection as the connection form invites: the scheme in Host, the port in its own field
     spark_default = {
@@ -35,6 +48,11 @@ def airflow(standalone_cluster, tmp_path_factory, request):
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
         "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
     }
+    if hosts is not None:  # the driver, in the task's process, listens on the bridge the hosts reach
+        on_hosts = {"spark.executor.cores": "1", **hosts.session_conf()}
+        env["AIRFLOW_CONN_SPARK_HOSTS"] = json.dumps(
+            {"conn_type": "spark", "host": f"spark://{hosts.driver_address}", "port": hosts.port, "extra": on_hosts}
+        )
     failed_before = request.session.testsfailed
     deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start(DAGS)
     yield deployment
@@ -121,6 +139,20 @@ def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(
     assert not [pid for pid in pids if alive(pid)], "rank processes outlived the task marked failed"
     assert active_apps(standalone_cluster) == [], "the task's Spark application outlived it"
     assert airflow.wait_for_run("hvd_on_kill", run_id, timeout=60) == "failed"
+
+
+def test_a_task_runs_its_ranks_on_the_spark_workers_of_two_hosts(airflow, hosts):
+    if hosts is None:
+        pytest.skip(f"namespace hosts: {cannot_make_hosts()}")
+    run_id = airflow.trigger("hvd_on_hosts")
+    state = airflow.wait_for_run("hvd_on_hosts", run_id, timeout=300)
+    records = airflow.task_log("hvd_on_hosts", run_id, "where_ranks_run")
+    assert state == "success", log_text(records)
+    result = airflow.xcom("hvd_on_hosts", run_id, "where_ranks_run")
+    assert sorted(result["hosts"]) == ["host-0", "host-1"] and result["sum"] == 3.0, result  # one rank on each
+    events = [r.get("event") for r in records]
+    for rank, host in enumerate(result["hosts"]):
+        assert f"[rank {rank}] rank {rank} runs on {host}" in events, log_text(records)
 
 
 def active_apps(cluster) -> list[str]:

@@ -31,3 +31,23 @@ with DAG("hvd_unreachable_master", schedule=None, start_date=START, catchup=Fals
         raise AssertionError("no rank should start: the connection's master does not answer")
 
     never_starts()
+
+
+with DAG("hvd_on_hosts", schedule=None, start_date=START, catchup=False):
+
+    @task.horovod(np=2, conn_id="spark_hosts")
+    def where_ranks_run() -> dict:
+        """One rank on each namespace host (tests/hosts.py): their hostnames and an allreduce across them."""
+        import socket
+
+        import horovod.torch as hvd
+        import torch
+
+        from airflow_provider_hvd import log_to_driver
+
+        hvd.init()
+        log_to_driver(f"rank {hvd.rank()} runs on {socket.gethostname()}")
+        total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+        return {"hosts": hvd.allgather_object(socket.gethostname()), "sum": total}
+
+    where_ranks_run()
