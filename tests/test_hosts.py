@@ -7,6 +7,8 @@ measured are printed (``-s``) and given in docs/networks.md.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from conftest import make_session
 from host_jobs import allreduce_forever
 from hosts import Host, Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
+from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 
@@ -339,3 +342,24 @@ def test_an_executor_killed_on_one_host_is_named_within_10_s(hosts, pid_dir):
         assert _wait_gone([pid for pid, _ in placed.values()], 20) is not None
     finally:
         spark.stop()
+
+
+def tensorflow_on_hosts() -> dict:
+    """sparkdl's TensorFlow examples, and the host each rank ran on."""
+    import socket
+
+    import horovod.tensorflow as hvd
+
+    return {**sparkdl_examples(), "hosts": hvd.allgather_object(socket.gethostname())}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
+def test_tensorflow_ranks_on_two_hosts(hosts, caplog):
+    caplog.set_level(logging.INFO, logger=RANKS)
+    spark = session(hosts, 1, 2)
+    try:
+        result = HorovodRunner(np=2).run(tensorflow_on_hosts)
+    finally:
+        spark.stop()
+    assert len(set(result["hosts"])) == 2, result["hosts"]  # one rank on each of two hosts
+    assert_sparkdl_examples_ran(result, caplog)  # the same weights on both, LogCallback's lines relayed
