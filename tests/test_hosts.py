@@ -23,7 +23,7 @@ from conftest import make_session
 from host_jobs import allreduce_forever
 from hosts import Host, Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
-from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples
+from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples_and_hosts
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 
@@ -344,21 +344,12 @@ def test_an_executor_killed_on_one_host_is_named_within_10_s(hosts, pid_dir):
         spark.stop()
 
 
-def tensorflow_on_hosts() -> dict:
-    """sparkdl's TensorFlow examples, and the host each rank ran on."""
-    import socket
-
-    import horovod.tensorflow as hvd
-
-    return {**sparkdl_examples(), "hosts": hvd.allgather_object(socket.gethostname())}
-
-
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
 def test_tensorflow_ranks_on_two_hosts(hosts, caplog):
     caplog.set_level(logging.INFO, logger=RANKS)
     spark = session(hosts, 1, 2)
     try:
-        result = HorovodRunner(np=2).run(tensorflow_on_hosts)
+        result = HorovodRunner(np=2).run(sparkdl_examples_and_hosts)
     finally:
         spark.stop()
     assert len(set(result["hosts"])) == 2, result["hosts"]  # one rank on each of two hosts

@@ -88,6 +88,15 @@ def sparkdl_examples(epochs: int = 2, tape_steps: int = 30) -> dict:
     }
 
 
+def sparkdl_examples_and_hosts() -> dict:
+    """:func:`sparkdl_examples`, and the host each rank ran on (tests/test_hosts.py)."""
+    import socket
+
+    import horovod.tensorflow as hvd
+
+    return {**sparkdl_examples(), "hosts": hvd.allgather_object(socket.gethostname())}
+
+
 def epoch_lines(caplog) -> list[str]:
     """LogCallback's lines among what reached the driver (local ranks relay all their output, as in sparkdl)."""
     messages = [r.getMessage() for r in caplog.records if r.name == RANKS]
