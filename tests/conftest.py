@@ -67,3 +67,36 @@ def pid_dir(tmp_path) -> str:
     path = tmp_path / "pids"
     path.mkdir()
     return str(path)
+
+
+# For the modules that run DAGs with dag.test() (pytestmark = pytest.mark.usefixtures("airflow_db",
+# "spark_default_local")); tests/dag_runs.py has what else they share.
+
+
+@pytest.fixture(scope="module")
+def airflow_db():
+    """Airflow's metadata database (SQLite, in the tests' Airflow home), migrated."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+
+
+@pytest.fixture
+def spark_default_local(monkeypatch, caplog):
+    """``spark_default`` on ``local[2]``, and the provider's log lines captured."""
+    import logging
+
+    from dag_runs import LOCAL2
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL2)
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+
+
+@pytest.fixture(scope="module")
+def dags():
+    """The DAGs folder's DAGs (the example DAGs and tests/dags/), parsed without an import error."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert not bag.import_errors
+    return bag.dags

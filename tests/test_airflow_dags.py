@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import logging
 import os
 import re
 import signal
@@ -13,33 +11,10 @@ import sys
 import threading
 
 import pytest
+from dag_runs import LOCAL2, states
 from jobs import assert_all_gone, wait_for_pids
 
-LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def airflow_db():
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
-
-
-@pytest.fixture(autouse=True)
-def _spark_default_local(monkeypatch, caplog):
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL2)
-    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
-
-
-@pytest.fixture(scope="module")
-def example_dags():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    assert not bag.import_errors
-    return bag.dags
-
-
-def states(run) -> dict[str, str]:
-    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
 
 
 def xcom(run, task_id: str, key: str = "return_value"):
@@ -53,8 +28,8 @@ def xcom(run, task_id: str, key: str = "return_value"):
         return XComModel.deserialize_value(row) if row is not None else None
 
 
-def test_decorator_example_trains_and_reports(example_dags, caplog, capsys):
-    run = example_dags["horovod_train_example"].test()
+def test_decorator_example_trains_and_reports(dags, caplog, capsys):
+    run = dags["horovod_train_example"].test()
     assert states(run) == {"prepare_data": "success", "train": "success", "report": "success"}
     metrics = xcom(run, "train")
     assert metrics["ranks"] == 2 and metrics["epochs"] == 8 and metrics["accuracy"] > 0.9
@@ -64,8 +39,8 @@ def test_decorator_example_trains_and_reports(example_dags, caplog, capsys):
     assert f"rank 0 result: {metrics}" in capsys.readouterr().out
 
 
-def test_operator_example_relays_every_line(example_dags, caplog):
-    run = example_dags["horovod_operator_example"].test()
+def test_operator_example_relays_every_line(dags, caplog):
+    run = dags["horovod_operator_example"].test()
     assert states(run) == {"allreduce": "success"}
     assert xcom(run, "allreduce") == {"average": 2.0, "size": 2}
     assert not xcom(run, "allreduce", "_link_SparkUILink")  # local[2]: no page outlives the task, so no link
@@ -78,23 +53,23 @@ def test_operator_example_relays_every_line(example_dags, caplog):
     }
 
 
-def test_multiple_outputs_and_templated_arguments(example_dags):
-    run = example_dags["hvd_multiple_outputs"].test()
+def test_multiple_outputs_and_templated_arguments(dags):
+    run = dags["hvd_multiple_outputs"].test()
     assert states(run) == {"train": "success"}
     assert xcom(run, "train", "size") == 2
     assert xcom(run, "train", "tag") == "hvd_multiple_outputs"
     assert xcom(run, "train", "run_id") == run.run_id
 
 
-def test_a_value_airflow_cannot_store_fails_with_advice(example_dags, capsys):
-    run = example_dags["hvd_bad_xcom"].test()
+def test_a_value_airflow_cannot_store_fails_with_advice(dags, capsys):
+    run = dags["hvd_bad_xcom"].test()
     assert states(run) == {"unstorable": "failed"}
     task_log = capsys.readouterr().out
     assert "returned a torch.nn.modules.linear.Linear, which Airflow cannot store as an XCom" in task_log
     assert "save the object (a model, a tensor) to shared storage and return its path" in task_log
 
 
-def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, caplog):
+def test_killed_task_fails_and_leaves_nothing_running(dags, tmp_path, caplog):
     from pyspark import SparkContext
 
     pid_dir = tmp_path / "pids"
@@ -106,7 +81,7 @@ def test_killed_task_fails_and_leaves_nothing_running(example_dags, tmp_path, ca
 
     killer = threading.Thread(target=kill_when_training)
     killer.start()
-    run = example_dags["hvd_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
+    run = dags["hvd_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
     killer.join()
     assert states(run) == {"train_forever": "failed"}
     assert "HorovodRunner: the run was cancelled; ending 2 running rank(s)" in caplog.text
@@ -129,8 +104,8 @@ def test_airflow_tasks_test_from_the_command_line():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (make setup)")
-def test_tensorflow_example_trains_a_tf_keras_model(example_dags, caplog, capsys):
-    run = example_dags["horovod_tensorflow_example"].test()
+def test_tensorflow_example_trains_a_tf_keras_model(dags, caplog, capsys):
+    run = dags["horovod_tensorflow_example"].test()
     assert states(run) == {"train": "success", "report": "success"}
     metrics = xcom(run, "train")
     assert metrics["ranks"] == 2 and metrics["epochs"] == 4 and metrics["accuracy"] > 0.9

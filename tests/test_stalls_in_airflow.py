@@ -3,40 +3,13 @@ which ends the ranks as ``on_kill`` does, the task log saying where they were.""
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import subprocess
-import sys
-
 import pytest
+from dag_runs import states
 from jobs import assert_all_gone, wait_for_pids
 
+pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
+
 DAG_FILE = "hvd_stall_dags.py"  # as the DAGs folder names it (a link to tests/dags/)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def airflow_db():
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
-
-
-@pytest.fixture(autouse=True)
-def _spark_default_local(monkeypatch, caplog):
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
-
-
-@pytest.fixture(scope="module")
-def dags():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    assert not bag.import_errors
-    return bag.dags
-
-
-def states(run) -> dict[str, str]:
-    return {ti.task_id: ti.state for ti in run.get_task_instances()}
 
 
 def test_a_stalled_task_fails_saying_where_its_ranks_were(dags, caplog, capsys):
