@@ -157,3 +157,11 @@ def log_text(records: list[dict[str, Any]]) -> str:
         lines.append(f"{record.get('level', '-')} {record.get('logger', '-')}: {record.get('event', '')}")
         lines.extend(f"    {exc.get('exc_type')}: {exc.get('exc_value')}" for exc in record.get("error_detail") or [])
     return "\n".join(lines)
+
+
+def show_log_if_failed(request: Any, deployment: AirflowDeployment, failed_before: int) -> None:
+    """At a module fixture's end: the last lines of airflow standalone's log, if a test of the module failed."""
+    if request.session.testsfailed > failed_before:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line(f"\n--- airflow standalone's log ({deployment.log_path}), last lines ---")
+        reporter.write_line(deployment.log_tail(200))

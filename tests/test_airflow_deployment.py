@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from airflow_deployment import AirflowDeployment, log_text
+from airflow_deployment import AirflowDeployment, log_text, show_log_if_failed
 from hosts import Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 from spark_cluster import free_port
@@ -57,10 +57,7 @@ def airflow(standalone_cluster, hosts, tmp_path_factory, request):
     deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start(DAGS)
     yield deployment
     deployment.stop()
-    if request.session.testsfailed > failed_before:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        reporter.write_line(f"\n--- airflow standalone's log ({deployment.log_path}), last lines ---")
-        reporter.write_line(deployment.log_tail(200))
+    show_log_if_failed(request, deployment, failed_before)
 
 
 @pytest.fixture(scope="module")

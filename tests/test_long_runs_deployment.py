@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from airflow_deployment import AirflowDeployment, log_text
+from airflow_deployment import AirflowDeployment, log_text, show_log_if_failed
 from browser import Browser, chromium_path
 from spark_cluster import StandaloneCluster
 
@@ -97,10 +97,7 @@ def airflow(standalone_cluster, tmp_path_factory, request):
         raise
     yield deployment
     deployment.stop()
-    if request.session.testsfailed > failed_before:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        reporter.write_line(f"\n--- airflow standalone's log ({deployment.log_path}), last lines ---")
-        reporter.write_line(deployment.log_tail(200))
+    show_log_if_failed(request, deployment, failed_before)
 
 
 @pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (make setup installs it)")
