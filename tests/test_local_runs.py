@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -23,6 +25,48 @@ from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledErr
 def test_allreduce_across_two_ranks_returns_rank0_value():
     result = HorovodRunner(np=-2).run(allreduce_sum, base=10.0)
     assert result == {"rank": 0, "size": 2, "local_size": 2, "sum": 11.0 + 12.0}
+
+
+SCRIPT_BESIDE_ITS_HELPERS = {
+    "job.py": """
+from airflow_provider_hvd import HorovodRunner
+from helpers import Scaled
+from lib.maths import triple
+
+def main(factor):
+    import horovod.torch as hvd, torch
+    hvd.init()
+    total = hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum).item()
+    return Scaled(factor).of(triple(total))
+
+print("rank 0 returned", HorovodRunner(np=-2).run(main, factor=2))
+""",
+    "helpers.py": """
+class Scaled:
+    def __init__(self, k):
+        self.k = k
+
+    def of(self, x):
+        return self.k * x
+""",
+    "lib/__init__.py": "",
+    "lib/maths.py": "def triple(x):\n    return 3 * x\n",
+}
+
+
+def test_a_scripts_helper_modules_beside_it_travel_with_the_job(tmp_path):
+    """`python job.py` importing helpers.py and lib/ from its folder: the ranks, which run elsewhere and cannot
+    import them, get them with the job."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name, text in SCRIPT_BESIDE_ITS_HELPERS.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    proc = subprocess.run(
+        [sys.executable, str(project / "job.py")], cwd=elsewhere, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 returned 18.0" in proc.stdout  # 2 * 3 * (1 + 2)
 
 
 def test_distributed_training_converges_with_equal_weights():

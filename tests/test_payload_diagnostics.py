@@ -5,12 +5,17 @@ does not travel over the channel: no frame limit applies to it)."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import types
+from pathlib import Path
 
+import jobs
 import pytest
 
+import airflow_provider_hvd
 from airflow_provider_hvd import HorovodRunner, RankFailedError
-from airflow_provider_hvd.runner.shared import wire
+from airflow_provider_hvd.runner.shared import payload, wire
 from airflow_provider_hvd.runner.shared.payload import MAX_FRAME_ENV
 
 BIG_BLOB = bytes(12_000_000)  # over the default 10 MB warning threshold
@@ -138,3 +143,14 @@ def test_result_larger_than_a_frame_is_refused_clearly(monkeypatch, caplog):
         "driver channel carries in one frame; save it where the driver can read it and return its path"
     ) in str(info.value)
     assert len(payload_records(caplog, logging.INFO)) == 1 and not payload_records(caplog, logging.WARNING)
+
+
+def test_an_installed_package_beside_main_is_not_shipped_by_value():
+    """A script in a project's root, beside the project's own package installed in editable mode: the ranks
+    import the package (by value, its module state would be a copy), while a plain helper module travels."""
+    root = Path(airflow_provider_hvd.__file__).resolve().parent.parent
+    script = types.ModuleType("__main__")
+    script.__file__ = str(root / "train.py")
+    beside = {module.__name__ for module in payload.modules_beside(script)}
+    assert not {name for name in beside if name.startswith("airflow_provider_hvd")}, beside
+    assert "jobs" in beside and sys.modules["jobs"] is jobs  # tests/jobs.py: a module of the project's, not installed

@@ -9,6 +9,8 @@ travel in one frame, and :func:`check_fits_frame` refuses one that is too large.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import logging
 import os
 import site
@@ -57,6 +59,33 @@ def is_installed(module: ModuleType) -> bool:
         return False
     path = Path(file).resolve()
     return any(path.is_relative_to(root) for root in _installed_roots())
+
+
+@functools.cache
+def _distributed_packages() -> frozenset[str]:
+    """The top-level packages of installed distributions, editable ones included (whose files are not under
+    site-packages): the ranks import them."""
+    return frozenset(importlib.metadata.packages_distributions())
+
+
+def modules_beside(module: ModuleType) -> list[ModuleType]:
+    """The imported modules in ``module``'s folder or below it that are not installed: a ``helpers.py`` beside
+    the script, DAG file or test file that defines ``main``, which the ranks cannot import either."""
+    file = getattr(module, "__file__", None)
+    if not file:  # a notebook's or a REPL's __main__: no folder to go by
+        return []
+    folder = os.path.join(os.path.dirname(os.path.abspath(file)), "")
+    beside = [
+        other
+        for other in list(sys.modules.values())
+        if other is not module
+        and isinstance(other_file := getattr(other, "__file__", None), str)
+        and os.path.abspath(other_file).startswith(folder)
+        and not is_installed(other)
+    ]
+    if beside:
+        beside = [other for other in beside if other.__name__.partition(".")[0] not in _distributed_packages()]
+    return beside
 
 
 @contextlib.contextmanager
@@ -136,15 +165,17 @@ def _check_size(
 def dumps_job(
     fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], *, warn_bytes: int = WARN_BYTES
 ) -> bytes:
-    """Pickle ``(fn, args, kwargs)``; ``fn``'s module goes by value unless it is installed.
+    """Pickle ``(fn, args, kwargs)``; ``fn``'s module goes by value unless it is installed, and so do the modules
+    beside it that are not installed (:func:`modules_beside`).
 
     Notebooks, scripts, test files and Airflow DAG files (imported under names that executors cannot
-    import) are thus shipped with the job; installed packages are imported by the ranks. Logs the sizes
+    import), and the helper modules next to them, are thus shipped with the job; installed packages are
+    imported by the ranks. Logs the sizes
     (a warning naming the largest parts above ``warn_bytes``); raises ``TypeError`` naming where an
     unpicklable object sits.
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    by_value = [module] if module is not None and not is_installed(module) else []
+    by_value = [module, *modules_beside(module)] if module is not None and not is_installed(module) else []
     with _BY_VALUE_LOCK, _by_value(by_value):
         try:
             payload: bytes = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
