@@ -23,10 +23,13 @@ for _dag_file in [
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "dags")]
 
 import pytest  # noqa: E402
+from jvm import use_lean_jvms  # noqa: E402
 from spark_cluster import StandaloneCluster  # noqa: E402
+
+use_lean_jvms()  # before any JVM starts: the suite's CPU goes mostly to starting JVMs
 
 _session_keys: set[str] = set()
 
@@ -57,7 +60,9 @@ def spark_local():
 
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory):
-    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")).start()
+    """A master and 2 workers of 1 core on loopback, for every module that needs one (a slow start is waited
+    for: other test runs may share the machine)."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")).start(timeout=600)
     yield cluster
     cluster.stop()
 

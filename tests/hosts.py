@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
+from jvm import daemon_env
 
 IFACE_NAMES = ("eth0", "hvd0")
 DRIVER_NAME = "hvd-driver"
@@ -209,7 +210,13 @@ class Hosts:
             # no default route, on purpose: this host reaches the bridge's /24 and nothing else
 
     def _env(self, bind: str) -> dict[str, str]:
-        return {**os.environ, "SPARK_HOME": str(self.spark_home), "SPARK_LOCAL_IP": bind, "SPARK_DAEMON_MEMORY": "256m"}
+        return {
+            **os.environ,
+            **daemon_env(),
+            "SPARK_HOME": str(self.spark_home),
+            "SPARK_LOCAL_IP": bind,
+            "SPARK_DAEMON_MEMORY": "256m",
+        }
 
     def _spawn_master(self) -> None:
         with open(self.workdir / "master.log", "wb") as log:

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pyspark
+from jvm import daemon_env
 
 LOOPBACK = "127.0.0.1"
 
@@ -52,7 +53,7 @@ class StandaloneCluster:
 
     def _spawn(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")
-        env = {**os.environ, "SPARK_HOME": str(self.spark_home), "SPARK_LOCAL_IP": LOOPBACK}
+        env = {**os.environ, **daemon_env(), "SPARK_HOME": str(self.spark_home), "SPARK_LOCAL_IP": LOOPBACK}
         self._procs.append(
             subprocess.Popen(
                 [str(self.spark_home / "bin" / "spark-class"), *args],

@@ -19,7 +19,6 @@ import httpx
 import pytest
 from airflow_deployment import AirflowDeployment, log_text, show_log_if_failed
 from browser import Browser, chromium_path
-from spark_cluster import StandaloneCluster
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -34,10 +33,6 @@ def plugin_installed() -> bool:
 
 class LoggedInDeployment(AirflowDeployment):
     """The deployment with the simple auth manager's login: one admin, whose token the REST client sends."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.api.timeout = httpx.Timeout(300.0)  # SQLite on a loaded machine: a write may wait minutes for its lock
 
     def _ready(self, dag_ids: list[str]) -> bool:
         if "Authorization" not in self.api.headers:
@@ -55,14 +50,6 @@ class LoggedInDeployment(AirflowDeployment):
     def state_store(self, dag_id: str, run_id: str, task_id: str) -> dict:
         entries = self._json("GET", f"{self._ti_path(dag_id, run_id, task_id)}/state-store")["task_state_store"]
         return {entry["key"]: entry["value"] for entry in entries}
-
-
-@pytest.fixture(scope="module")
-def standalone_cluster(tmp_path_factory):
-    """conftest's cluster, with a start wait for a machine that other test runs share."""
-    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")).start(timeout=600)
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture(scope="module")
