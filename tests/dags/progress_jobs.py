@@ -1,18 +1,23 @@
-"""Training functions for the progress and resume tests (this module is not installed: it travels by value)."""
+"""Training functions for the progress and resume tests, run by tests/test_progress.py and by the DAG
+``hvd_resume`` beside it. Not installed: a helper module beside the test or DAG file, it travels by value."""
 
 from __future__ import annotations
 
 import os
 
 
-def train_resumable(ckpt_dir: str, epochs: int = 6, fail_after_epoch: int = 0, seed: int = 7) -> dict:
+def train_resumable(
+    ckpt_dir: str, epochs: int = 6, fail_after_epoch: int = 0, seed: int = 7, epoch_pause_s: float = 0.0
+) -> dict:
     """A small classifier trained on 2 ranks with SGD + momentum, resumable from ``last_checkpoint()``.
 
     Rank 0 saves the model and optimizer state after every epoch and reports it; with ``fail_after_epoch``,
-    every rank fails once rank 0 has reported that epoch's checkpoint. Same seed, same data: the final weights of a
+    every rank fails once rank 0 has reported that epoch's checkpoint; ``epoch_pause_s`` slows each epoch down (to
+    watch a run live). Same seed, same data: the final weights of a
     resumed run match those of a run that never failed, bit for bit.
     """
     import hashlib
+    import time
 
     import horovod.torch as hvd
     import torch
@@ -59,6 +64,7 @@ def train_resumable(ckpt_dir: str, epochs: int = 6, fail_after_epoch: int = 0, s
         hvd.allreduce(torch.zeros(1), name=f"saved-{epoch}")  # rank 1 goes on once rank 0 has reported
         if epoch == fail_after_epoch:  # every rank: which one the driver names first is not this test's point
             raise RuntimeError(f"simulated failure after epoch {epoch}")
+        time.sleep(epoch_pause_s)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     return {"resumed_from": checkpoint, "epochs_trained": trained, "weights_sha256": digest, "loss": loss}
 
