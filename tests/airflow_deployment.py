@@ -46,7 +46,8 @@ class AirflowDeployment:
             "AIRFLOW__API__PORT": str(self.port),
             **env,
         }
-        self.api = httpx.Client(base_url=f"{self.url}/api/v2", timeout=30)
+        # SQLite serves the scheduler, the tasks and the API server: on a loaded machine a request may wait minutes
+        self.api = httpx.Client(base_url=f"{self.url}/api/v2", timeout=300)
         self._proc: subprocess.Popen | None = None
 
     def start(self, dag_ids: list[str], timeout: float = 180.0) -> AirflowDeployment:
