@@ -1,5 +1,5 @@
-"""Cheaper JVM starts for the tests: the suite starts some fifty Spark JVMs (drivers, masters, workers,
-executors), and on 2 cores their start-up is the largest share of its CPU time.
+"""Cheaper JVM starts for the tests: the suite starts about 120 Spark JVMs (drivers, masters, workers,
+executors), and on 2 cores their start-up was the largest share of its CPU time (docs/development.md).
 
 - Spark's classes come from a class-data-sharing archive made once from a real local session (JDK 17's
   dynamic CDS), instead of being parsed and verified again by every JVM;
@@ -39,7 +39,9 @@ gateway.proc.wait(300)
 
 
 def _archive_path() -> Path:
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    java_home = os.environ.get("JAVA_HOME")  # the Java that Spark's scripts start, as they pick it
+    java_bin = os.path.join(java_home, "bin", "java") if java_home else "java"
+    java = subprocess.run([java_bin, "-version"], capture_output=True, text=True).stderr
     jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     key = hashlib.sha256("\n".join([java, pyspark.__version__, *jars]).encode()).hexdigest()[:16]
     return _CACHE / f"spark-{pyspark.__version__}-{key}.jsa"
@@ -51,8 +53,11 @@ def _make_archive(path: Path) -> bool:
     os.close(fd)
     os.unlink(tmp)  # the JVM writes it anew
     env = {**os.environ, "SPARK_SUBMIT_OPTS": " ".join([*_LEAN, _QUIET, f"-XX:ArchiveClassesAtExit={tmp}"])}
-    done = subprocess.run([sys.executable, "-c", _MAKE_ARCHIVE], env=env, capture_output=True, timeout=600)
-    if done.returncode != 0 or not os.path.exists(tmp):
+    try:
+        done = subprocess.run([sys.executable, "-c", _MAKE_ARCHIVE], env=env, capture_output=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None or done.returncode != 0 or not os.path.exists(tmp):
         if os.path.exists(tmp):
             os.unlink(tmp)
         return False
