@@ -170,9 +170,8 @@ def dumps_job(
 
     Notebooks, scripts, test files and Airflow DAG files (imported under names that executors cannot
     import), and the helper modules next to them, are thus shipped with the job; installed packages are
-    imported by the ranks. Logs the sizes
-    (a warning naming the largest parts above ``warn_bytes``); raises ``TypeError`` naming where an
-    unpicklable object sits.
+    imported by the ranks. Logs the sizes (a warning naming the largest parts above ``warn_bytes``); raises
+    ``TypeError`` naming where an unpicklable object sits.
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     by_value = [module, *modules_beside(module)] if module is not None and not is_installed(module) else []
