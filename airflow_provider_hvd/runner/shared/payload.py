@@ -45,11 +45,12 @@ _INSTEAD = "load large data inside main (from a file or a table) or pass its pat
 _BY_VALUE_LOCK = threading.Lock()
 
 
-def _installed_roots() -> list[Path]:
+@functools.cache  # asked once per module beside main's, on every run; the roots do not change
+def _installed_roots() -> tuple[Path, ...]:
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
     roots.update(site.getsitepackages())
-    return [Path(root).resolve() for root in roots]
+    return tuple(Path(root).resolve() for root in roots)
 
 
 def is_installed(module: ModuleType) -> bool:
