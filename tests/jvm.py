@@ -16,7 +16,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pyspark
@@ -49,9 +48,7 @@ def _archive_path() -> Path:
 
 def _make_archive(path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".jsa.tmp")
-    os.close(fd)
-    os.unlink(tmp)  # the JVM writes it anew
+    tmp = f"{path}.{os.getpid()}.tmp"  # this process's own: test runs at once may share the cache
     env = {**os.environ, "SPARK_SUBMIT_OPTS": " ".join([*_LEAN, _QUIET, f"-XX:ArchiveClassesAtExit={tmp}"])}
     try:
         done = subprocess.run([sys.executable, "-c", _MAKE_ARCHIVE], env=env, capture_output=True, timeout=600)
@@ -61,7 +58,7 @@ def _make_archive(path: Path) -> bool:
         if os.path.exists(tmp):
             os.unlink(tmp)
         return False
-    os.replace(tmp, path)  # whole or absent: concurrent test runs may share the cache
+    os.replace(tmp, path)  # whole or absent
     return True
 
 

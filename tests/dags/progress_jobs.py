@@ -12,9 +12,9 @@ def train_resumable(
     """A small classifier trained on 2 ranks with SGD + momentum, resumable from ``last_checkpoint()``.
 
     Rank 0 saves the model and optimizer state after every epoch and reports it; with ``fail_after_epoch``,
-    every rank fails once rank 0 has reported that epoch's checkpoint; ``epoch_pause_s`` slows each epoch down (to
-    watch a run live). Same seed, same data: the final weights of a
-    resumed run match those of a run that never failed, bit for bit.
+    every rank fails once rank 0 has reported that epoch's checkpoint; ``epoch_pause_s`` slows each epoch down
+    (to watch a run live). Same seed, same data: the final weights of a resumed run match those of a run that
+    never failed, bit for bit.
     """
     import hashlib
     import time
