@@ -17,6 +17,7 @@ from airflow_provider_hvd import HorovodRunner, RankFailedError
 from airflow_provider_hvd.runner.agent import rank_env
 from airflow_provider_hvd.runner.driver import channel, rendezvous
 from airflow_provider_hvd.runner.driver.spark_cluster import is_local
+from airflow_provider_hvd.runner.shared import wire
 
 TESTS = Path(__file__).resolve().parent
 
@@ -143,17 +144,26 @@ def test_an_agents_own_failure_reaches_the_driver(monkeypatch, error):
     assert "--- the agent's traceback ---" in str(info.value)
 
 
-def slow_trivial(seconds: float) -> int:
+def wait_for_file(path: str) -> int:
+    import os
     import time
 
-    time.sleep(seconds)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return 1
 
 
-def test_many_silent_connections_hold_no_thread_for_long(caplog, monkeypatch):
+def test_many_silent_connections_hold_no_thread_for_long(caplog, monkeypatch, tmp_path):
+    """Connections that never prove the secret: one thread serves them all, each is closed once the handshake
+    timeout has passed (those beyond the most served at once wait their turn), and the run goes on."""
     monkeypatch.setattr(channel, "MAX_PENDING_HANDSHAKES", 16)
+    monkeypatch.setattr(wire, "HANDSHAKE_TIMEOUT_S", 1.0)
+    release = tmp_path / "release"
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("v", HorovodRunner(np=-2).run(slow_trivial, seconds=3)))
+    thread = threading.Thread(
+        target=lambda: outcome.setdefault("v", HorovodRunner(np=-2).run(wait_for_file, path=str(release)))
+    )
     thread.start()
     deadline = time.monotonic() + 30
     while "ranks started" not in caplog.text and time.monotonic() < deadline:
@@ -161,12 +171,25 @@ def test_many_silent_connections_hold_no_thread_for_long(caplog, monkeypatch):
     time.sleep(0.5)  # the agents' threads are up
     host, port = caplog.text.split("driver channel on ")[1].split()[0].split(":")
     threads_before = threading.active_count()
+    opened = time.monotonic()
     silent = [socket.create_connection((host, int(port))) for _ in range(3 * 16)]  # 16 served, 32 queued
     time.sleep(0.5)
     assert threading.active_count() <= threads_before  # one thread serves every connection
-    thread.join(60)
-    for sock in silent:
-        sock.close()
+    closed_after = []
+    try:
+        for sock in silent:
+            sock.settimeout(15)
+            while sock.recv(1 << 16):  # the driver's nonce, then its end
+                pass
+            closed_after.append(time.monotonic() - opened)
+            sock.close()
+        assert thread.is_alive()  # each was closed by the driver, not by the run's end
+    finally:
+        release.touch()
+        thread.join(60)
+    # each after the timeout, and all 48 in three turns of it (with margin for a loaded machine)
+    assert 1.0 <= min(closed_after) and max(closed_after) < 3 * 1.0 + 10, closed_after
+    assert caplog.text.count("did not prove this run's secret in time") == 3 * 16
     assert outcome["v"] == 1
     assert "16 connections are proving the secret at once, the most the driver channel serves" in caplog.text
 
