@@ -21,6 +21,6 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "hooks": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.hooks.horovod"]}],
         "operators": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.operators.horovod"]}],
-        "extra-links": ["airflow_provider_hvd.operators.horovod.SparkUILink"],
+        "extra-links": ["airflow_provider_hvd.operators.training_job.SparkUILink"],
         "task-decorators": [{"name": "horovod", "class-name": "airflow_provider_hvd.decorators.horovod.horovod_task"}],
     }

@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+from airflow.sdk.bases.decorator import TaskDecorator
 
+from airflow_provider_hvd.decorators.training_job import DecoratedTrainingOperator, training_task
 from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
 
 
-class _HorovodDecoratedOperator(DecoratedOperator, HorovodRunnerOperator):  # type: ignore[misc]  # op_args' types
+class _HorovodDecoratedOperator(DecoratedTrainingOperator, HorovodRunnerOperator):  # type: ignore[misc]  # op_args' types
     custom_operator_name = "@task.horovod"
     template_fields = HorovodRunnerOperator.template_fields
     template_fields_renderers = HorovodRunnerOperator.template_fields_renderers
-
-    def __init__(
-        self,
-        *,
-        python_callable: Callable[..., Any],
-        op_args: Collection[Any] | None = None,
-        op_kwargs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            kwargs_to_upstream={"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs},
-            python_callable=python_callable,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
-            **kwargs,
-        )
 
 
 def horovod_task(
@@ -43,9 +28,4 @@ def horovod_task(
         @task.horovod(np=2, conn_id="spark_default")
         def train(epochs: int) -> dict: ...
     """
-    return task_decorator_factory(
-        python_callable=python_callable,
-        multiple_outputs=multiple_outputs,
-        decorated_operator_class=_HorovodDecoratedOperator,
-        **kwargs,
-    )
+    return training_task(_HorovodDecoratedOperator, python_callable, multiple_outputs, **kwargs)

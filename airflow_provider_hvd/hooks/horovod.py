@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -160,6 +160,15 @@ def _said_by_spark(exc: BaseException) -> bool:
     return isinstance(exc, (Py4JError, SparkStartError))
 
 
+class JobRunner(Protocol):
+    """What the hook and the operators need of a runner (HorovodRunner, TorchDistributor)."""
+
+    metrics: dict[str, list[tuple[float, float | None]]]
+    checkpoint: dict[str, Any] | None
+
+    def cancel(self) -> None: ...
+
+
 def differing_settings(running: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
     """The settings of ``wanted`` that the running SparkContext's ``running`` settings do not have as asked."""
     return {key: (value, running.get(key)) for key, value in wanted.items() if running.get(key) != value}
@@ -185,7 +194,7 @@ class HorovodHook(BaseHook):
         self.conn_id = conn_id
         self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
         self.app_name = app_name
-        self._runner: HorovodRunner | None = None
+        self._runner: JobRunner | None = None
         self._cancelled = False
         self._gateway: JavaGateway | None = None  # the JVM this hook started, if it did
         self.ui_url: str | None = None
@@ -320,7 +329,7 @@ class HorovodHook(BaseHook):
         ``progress_sink`` and ``stall_timeout`` are :class:`HorovodRunner`'s; the runner stays at
         ``runner`` afterwards (its ``metrics`` and ``checkpoint``).
         """
-        self._runner = HorovodRunner(
+        runner = HorovodRunner(
             np=np,
             driver_log_verbosity=driver_log_verbosity,
             slot_wait_timeout=slot_wait_timeout,
@@ -328,8 +337,19 @@ class HorovodHook(BaseHook):
             progress_sink=progress_sink,
             stall_timeout=stall_timeout,
         )
-        if np < 0:
-            return self._runner.run_with_args(python_callable, args, kwargs or {})
+        return self.run_job(runner, lambda: runner.run_with_args(python_callable, args, kwargs or {}), local=np < 0)
+
+    def run_job(self, runner: JobRunner, job: Callable[[], Any], *, local: bool) -> Any:
+        """Run ``job()``, which runs ``runner``'s job, and return its value; :meth:`cancel` then cancels ``runner``.
+
+        ``local``: the job runs on this host's processes, without Spark. Otherwise it runs on the connection's
+        SparkSession, started first (and stopped afterwards if this hook started it), whose UI is logged.
+        """
+        self._runner = runner
+        if self._cancelled:  # cancel() came before the job
+            raise RunCancelledError("the job was cancelled before its ranks started")
+        if local:
+            return job()
         spark, shared = self._join_session()
         try:
             sc = spark.sparkContext
@@ -338,14 +358,14 @@ class HorovodHook(BaseHook):
             self.log.info("Spark master %s, application %s%s", sc.master, sc.applicationId, ui)
             if self._cancelled:  # cancel() came while the session started
                 raise RunCancelledError("the job was cancelled before its ranks started")
-            return self._runner.run_with_args(python_callable, args, kwargs or {})
+            return job()
         finally:
             if shared:
                 shared_session.leave(spark)
 
     @property
-    def runner(self) -> HorovodRunner | None:
-        """The runner of the last :meth:`run`."""
+    def runner(self) -> JobRunner | None:
+        """The runner of the last :meth:`run` or :meth:`run_job`."""
         return self._runner
 
     def _join_session(self) -> tuple[SparkSession, bool]:

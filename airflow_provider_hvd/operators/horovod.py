@@ -2,41 +2,19 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from airflow.sdk import BaseOperator, BaseOperatorLink
+from typing import Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
-from airflow_provider_hvd.hooks.task_state import TaskStateProgress
-from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
-from airflow_provider_hvd.runner.driver.stalls import check_stall_timeout
-from airflow_provider_hvd.runner.errors import RunCancelledError
-from airflow_provider_hvd.runner.runner import check_verbosity
+from airflow_provider_hvd.operators.training_job import SparkUILink, TrainingJobOperator
+from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
+from airflow_provider_hvd.runner.runner import HorovodRunner
 
-if TYPE_CHECKING:
-    from airflow.sdk import Context
-    from airflow.sdk.types import TaskInstanceKey
-
-_SHIPPABLE = (str, int, float, bool, type(None))
+__all__ = ["HorovodRunnerOperator", "SparkUILink"]
 
 
-class SparkUILink(BaseOperatorLink):
-    """A page about the Spark application that ran the task's barrier job, one that outlives the task.
-
-    The History Server's, YARN's tracking URL or the standalone master's application page; no link on a
-    local master (the driver's own UI stops with the task).
-    """
-
-    name = "Spark UI"
-
-    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        return getattr(operator, "spark_ui_url", None) or ""
-
-
-class HorovodRunnerOperator(BaseOperator):
+class HorovodRunnerOperator(TrainingJobOperator):
     """Run ``python_callable(*op_args, **op_kwargs)`` on ``np`` Horovod ranks; push rank 0's return value.
 
     :param python_callable: the training function; it calls ``hvd.init()`` itself. Shipped with cloudpickle.
@@ -59,10 +37,8 @@ class HorovodRunnerOperator(BaseOperator):
     ``last_checkpoint()`` in the ranks returns the checkpoint an earlier try reported (see docs/long-runs.md).
     """
 
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "np", "conn_id", "spark_conf")
-    template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "spark_conf": "json"}
-    operator_extra_links = (SparkUILink(),)
-    ui_color = "#e8f0fe"
+    kind: ClassVar[str] = "Horovod"
+    template_fields: Sequence[str] = (*TrainingJobOperator.template_fields, "np")
 
     def __init__(
         self,
@@ -78,93 +54,30 @@ class HorovodRunnerOperator(BaseOperator):
         stall_timeout: float | timedelta | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        if not callable(python_callable):
-            raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
-        check_verbosity(driver_log_verbosity)  # at parse time, not when the task runs
-        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
-        self.stall_timeout = check_stall_timeout(stall_timeout)
-        self.python_callable = python_callable
-        self.op_args = list(op_args or [])
-        self.op_kwargs = dict(op_kwargs or {})
+        super().__init__(
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            driver_log_verbosity=driver_log_verbosity,
+            conn_id=conn_id,
+            spark_conf=spark_conf,
+            slot_wait_timeout=slot_wait_timeout,
+            stall_timeout=stall_timeout,
+            **kwargs,
+        )
         self.np = np
-        self.driver_log_verbosity = driver_log_verbosity
-        self.conn_id = conn_id
-        self.spark_conf = spark_conf or {}
-        self.spark_ui_url: str | None = None
-        self._hook: HorovodHook | None = None
-        self._killed = False
 
-    def _context_kwargs(self, context: Context) -> dict[str, Any]:
-        """Context values the callable asks for by name (``ds``, ``run_id``...): plain ones only, they travel."""
-        wanted = {
-            name
-            for name in inspect.signature(self.python_callable).parameters
-            if name in context and name not in self.op_kwargs
-        }
-        unshippable = sorted(name for name in wanted if not isinstance(context[name], _SHIPPABLE))  # type: ignore[literal-required]
-        if unshippable:
-            raise TypeError(
-                f"{self.python_callable.__name__}() asks for the context value(s) {unshippable}, which cannot be "
-                "sent to Horovod ranks on other machines; pass what you need through op_kwargs templates instead, "
-                "e.g. op_kwargs={'run_id': '{{ run_id }}'}"
-            )
-        return {name: context[name] for name in wanted}  # type: ignore[literal-required]
-
-    def execute(self, context: Context) -> Any:
+    def _np(self) -> int:
         try:
-            np = int(self.np) if isinstance(self.np, str) else self.np
+            return int(self.np) if isinstance(self.np, str) else self.np
         except ValueError:
             raise ValueError(f"np rendered to {self.np!r}; it must be a non-zero int") from None
-        kwargs = {**self._context_kwargs(context), **self.op_kwargs}
-        if self._killed:  # on_kill() came before the job started
-            raise RunCancelledError("the task was killed before its Horovod job started")
-        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
-        progress = self._task_state_progress(context)
-        try:
-            value = self._hook.run(
-                self.python_callable,
-                self.op_args,
-                kwargs,
-                np=np,
-                driver_log_verbosity=self.driver_log_verbosity,
-                slot_wait_timeout=self.slot_wait_timeout,
-                stall_timeout=self.stall_timeout,
-                resume_from=progress.last_checkpoint() if progress else None,
-                progress_sink=progress,
-            )
-        finally:
-            self.spark_ui_url = self._hook.ui_url
-        if self._killed:  # Airflow lets execute go on after on_kill(): the task must not end as a success
-            raise RunCancelledError("the task was killed; every Horovod rank was ended")
-        if self.do_xcom_push:
-            self._check_xcom_value(value)
-        if progress is not None and self._hook.runner is not None:
-            progress.mark_finished(self._hook.runner.checkpoint)
-        return value
 
-    @staticmethod
-    def _task_state_progress(context: Context) -> TaskStateProgress | None:
-        """The run's progress sink on the task state store (None where Airflow has none: before 3.3)."""
-        store = context.get("task_state_store")
-        if store is None:
-            return None
-        ti = context.get("ti")
-        return TaskStateProgress(store, getattr(ti, "try_number", None))
+    def runs_locally(self) -> bool:
+        return self._np() < 0
 
-    def _check_xcom_value(self, value: Any) -> None:
-        from airflow.sdk.execution_time.xcom import XCom
+    def make_runner(self, **common: Any) -> HorovodRunner:
+        return HorovodRunner(np=self._np(), **common)
 
-        try:
-            XCom.serialize_value(value)
-        except Exception as exc:  # noqa: BLE001 - whatever the backend raises, say what to do instead
-            raise TypeError(
-                f"Rank 0 of {self.task_id!r} returned a {type(value).__module__}.{type(value).__qualname__}, "
-                f"which Airflow cannot store as an XCom ({exc}). Return plain data (numbers, strings, lists, "
-                "dicts), or save the object (a model, a tensor) to shared storage and return its path."
-            ) from exc
-
-    def on_kill(self) -> None:
-        self._killed = True
-        if self._hook is not None:
-            self._hook.cancel()
+    def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        return runner.run_with_args(self.python_callable, args, kwargs)

@@ -1,0 +1,170 @@
+"""What every training operator does around its runner: one base, subclassed per runner.
+
+:class:`TrainingJobOperator` holds the Airflow side (the ``spark`` connection, templated arguments, context
+values, the task log, ``on_kill``, the task state store and resume on retry, the stall timeout, the XCom check,
+the Spark UI link); a subclass says only how its runner is built and whether the job runs without Spark:
+``HorovodRunnerOperator`` (``operators/horovod.py``), ``TorchDistributorOperator`` (``operators/torch.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator, BaseOperatorLink
+
+from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
+from airflow_provider_hvd.hooks.task_state import TaskStateProgress
+from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
+from airflow_provider_hvd.runner.driver.stalls import check_stall_timeout
+from airflow_provider_hvd.runner.errors import RunCancelledError
+from airflow_provider_hvd.runner.runner import check_verbosity
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from airflow.sdk.types import TaskInstanceKey
+
+_SHIPPABLE = (str, int, float, bool, type(None))
+
+
+class SparkUILink(BaseOperatorLink):
+    """A page about the Spark application that ran the task's barrier job, one that outlives the task.
+
+    The History Server's, YARN's tracking URL or the standalone master's application page; no link on a
+    local master (the driver's own UI stops with the task).
+    """
+
+    name = "Spark UI"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        return getattr(operator, "spark_ui_url", None) or ""
+
+
+class TrainingJobOperator(BaseOperator):
+    """Run ``python_callable(*op_args, **op_kwargs)`` on a runner's processes; push rank 0's return value.
+
+    Subclasses implement :meth:`make_runner`, :meth:`runs_locally` and :meth:`start`, and name their ranks'
+    kind in :attr:`kind`. The parameters common to every runner are documented on each subclass.
+    """
+
+    #: the ranks' kind, in messages ("the task was killed; every Horovod rank was ended")
+    kind: ClassVar[str] = "training"
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "conn_id", "spark_conf")
+    template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "spark_conf": "json"}
+    operator_extra_links = (SparkUILink(),)
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Collection[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        driver_log_verbosity: str = "log_callback_only",
+        conn_id: str = HorovodHook.default_conn_name,
+        spark_conf: dict[str, Any] | None = None,
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        stall_timeout: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not callable(python_callable):
+            raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
+        check_verbosity(driver_log_verbosity)  # at parse time, not when the task runs
+        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
+        self.python_callable = python_callable
+        self.op_args = list(op_args or [])
+        self.op_kwargs = dict(op_kwargs or {})
+        self.driver_log_verbosity = driver_log_verbosity
+        self.conn_id = conn_id
+        self.spark_conf = spark_conf or {}
+        self.spark_ui_url: str | None = None
+        self._hook: HorovodHook | None = None
+        self._runner: JobRunner | None = None
+        self._killed = False
+
+    def make_runner(self, **common: Any) -> JobRunner:
+        """The runner of this task's job, from the (rendered) operator's own fields and ``common``: the
+        ``driver_log_verbosity``, ``slot_wait_timeout``, ``stall_timeout``, ``resume_from`` and
+        ``progress_sink`` every runner takes."""
+        raise NotImplementedError
+
+    def runs_locally(self) -> bool:
+        """Whether the job runs on this host's processes, without Spark (after the fields are rendered)."""
+        raise NotImplementedError
+
+    def start(self, runner: JobRunner, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run the job on ``runner`` (:meth:`make_runner`'s): ``python_callable(*args, **kwargs)`` on every
+        rank; return rank 0's value."""
+        raise NotImplementedError
+
+    def _context_kwargs(self, context: Context) -> dict[str, Any]:
+        """Context values the callable asks for by name (``ds``, ``run_id``...): plain ones only, they travel."""
+        wanted = {
+            name
+            for name in inspect.signature(self.python_callable).parameters
+            if name in context and name not in self.op_kwargs
+        }
+        unshippable = sorted(name for name in wanted if not isinstance(context[name], _SHIPPABLE))  # type: ignore[literal-required]
+        if unshippable:
+            raise TypeError(
+                f"{self.python_callable.__name__}() asks for the context value(s) {unshippable}, which cannot be "
+                f"sent to {self.kind} ranks on other machines; pass what you need through op_kwargs templates "
+                "instead, e.g. op_kwargs={'run_id': '{{ run_id }}'}"
+            )
+        return {name: context[name] for name in wanted}  # type: ignore[literal-required]
+
+    def execute(self, context: Context) -> Any:
+        local = self.runs_locally()
+        kwargs = {**self._context_kwargs(context), **self.op_kwargs}
+        if self._killed:  # on_kill() came before the job started
+            raise RunCancelledError(f"the task was killed before its {self.kind} job started")
+        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
+        progress = self._task_state_progress(context)
+        self._runner = runner = self.make_runner(
+            driver_log_verbosity=self.driver_log_verbosity,
+            slot_wait_timeout=self.slot_wait_timeout,
+            stall_timeout=self.stall_timeout,
+            resume_from=progress.last_checkpoint() if progress else None,
+            progress_sink=progress,
+        )
+        try:
+            value = self._hook.run_job(runner, lambda: self.start(runner, self.op_args, kwargs), local=local)
+        finally:
+            self.spark_ui_url = self._hook.ui_url
+        if self._killed:  # Airflow lets execute go on after on_kill(): the task must not end as a success
+            raise RunCancelledError(f"the task was killed; every {self.kind} rank was ended")
+        if self.do_xcom_push:
+            self._check_xcom_value(value)
+        if progress is not None:
+            progress.mark_finished(runner.checkpoint)
+        return value
+
+    @staticmethod
+    def _task_state_progress(context: Context) -> TaskStateProgress | None:
+        """The run's progress sink on the task state store (None where Airflow has none: before 3.3)."""
+        store = context.get("task_state_store")
+        if store is None:
+            return None
+        ti = context.get("ti")
+        return TaskStateProgress(store, getattr(ti, "try_number", None))
+
+    def _check_xcom_value(self, value: Any) -> None:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        try:
+            XCom.serialize_value(value)
+        except Exception as exc:  # noqa: BLE001 - whatever the backend raises, say what to do instead
+            raise TypeError(
+                f"Rank 0 of {self.task_id!r} returned a {type(value).__module__}.{type(value).__qualname__}, "
+                f"which Airflow cannot store as an XCom ({exc}). Return plain data (numbers, strings, lists, "
+                "dicts), or save the object (a model, a tensor) to shared storage and return its path."
+            ) from exc
+
+    def on_kill(self) -> None:
+        self._killed = True
+        if self._hook is not None:
+            self._hook.cancel()
