@@ -1,6 +1,6 @@
 """Distributed deep learning with Horovod, launched on Spark, driven from Airflow.
 
-``HorovodRunner``, ``log_to_driver`` and the progress API (``log_metrics``, ``report_checkpoint``,
+``HorovodRunner``, ``TorchDistributor``, ``log_to_driver`` and the progress API (``log_metrics``, ``report_checkpoint``,
 ``last_checkpoint``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and ``horovod_task``
 need it. Every name is imported on first use: importing the package (as Airflow does to discover the
 provider) imports neither Airflow nor Horovod, torch or pyspark.
@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 # name → the module that defines it
 _EXPORTS = {
     "HorovodRunner": "airflow_provider_hvd.runner.runner",
+    "TorchDistributor": "airflow_provider_hvd.runner.torch_distributor",
     "HorovodRunnerError": "airflow_provider_hvd.runner.errors",
     "LaunchError": "airflow_provider_hvd.runner.errors",
     "RankFailedError": "airflow_provider_hvd.runner.errors",
@@ -39,6 +40,7 @@ __all__ = [
     "RankFailedError",
     "RunCancelledError",
     "RunStalledError",
+    "TorchDistributor",
     "horovod_task",
     "last_checkpoint",
     "log_metrics",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from airflow_provider_hvd.runner.rank.control import log_to_driver
     from airflow_provider_hvd.runner.rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from airflow_provider_hvd.runner.runner import HorovodRunner
+    from airflow_provider_hvd.runner.torch_distributor import TorchDistributor
 
 
 def __getattr__(name: str) -> Any:

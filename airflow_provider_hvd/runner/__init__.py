@@ -29,10 +29,12 @@ if TYPE_CHECKING:
     from .rank.control import log_to_driver
     from .rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from .runner import HorovodRunner
+    from .torch_distributor import TorchDistributor
 
 # imported on first use: a rank process (which imports log_to_driver) does not load the driver's modules
 _LAZY = {
     "HorovodRunner": ".runner",
+    "TorchDistributor": ".torch_distributor",
     "log_to_driver": ".rank.control",
     "log_metrics": ".rank.progress",
     "report_checkpoint": ".rank.progress",
@@ -46,6 +48,7 @@ __all__ = [
     "RankFailedError",
     "RunCancelledError",
     "RunStalledError",
+    "TorchDistributor",
     "last_checkpoint",
     "log_metrics",
     "log_to_driver",

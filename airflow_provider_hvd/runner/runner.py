@@ -15,35 +15,28 @@ from typing import TYPE_CHECKING, Any
 
 from .driver.channel import rank_log
 from .driver.encryption import spark_encrypts, warn_if_spark_encrypted
+from .driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
 from .driver.local_launch import LocalLauncher
 from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
 from .driver.spark_launch import SparkLauncher
 from .driver.stalls import CodeFiles, check_stall_timeout
-from .errors import LaunchError
+from .errors import RunCancelledError
 from .shared.liveness import liveness_settings, warn_if_gloo_first
 from .shared.payload import WARN_BYTES, dumps_job
 
 if TYPE_CHECKING:
+    from .driver.rank_kinds import RankKind
     from .driver.supervisor import Launcher, Supervisor
 
 VERBOSITIES = ("all", "log_callback_only")
-HOROVOD_MISSING = (
-    "HorovodRunner needs Horovod on the driver and on every executor, and it is not installed here. "
-    "Horovod 0.28.1 does not build from PyPI against torch >= 2.1: install it with this project's "
-    'scripts/install_horovod.py (see the README\'s "Install"), e.g. `python scripts/install_horovod.py`.'
-)
 
 
 def _supervisor_class() -> type[Supervisor]:
-    """The driver's supervisor, imported when a run starts: Horovod is needed from then on, not before."""
-    try:
-        from .driver.supervisor import Supervisor
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] == "horovod":
-            raise LaunchError(HOROVOD_MISSING) from exc
-        raise
+    """The driver's supervisor, imported when a run starts (not when the runner is)."""
+    from .driver.supervisor import Supervisor
+
     return Supervisor
 
 
@@ -88,7 +81,116 @@ class _Run:
     cancelled: bool = False
 
 
-class HorovodRunner:
+class _Runner:
+    """The run path that :class:`HorovodRunner` and ``TorchDistributor`` share: one supervised run of ``main``
+    on the ranks of the launcher and the rank kind each of them gives (:mod:`.driver.rank_kinds`)."""
+
+    start_timeout_s: float = 120.0
+    #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
+    payload_warning_bytes: int = WARN_BYTES
+    #: the rank whose ``log_metrics`` reports the driver keeps
+    metrics_rank: int = 0
+    #: the least time between two writes of the same progress key to ``progress_sink``
+    progress_interval_s: float = 5.0
+    #: heartbeats between the driver and each rank's agent, in seconds (None: the Spark conf's
+    #: ``spark.horovodRunner.heartbeatInterval``/``...heartbeatTimeout``, else 2 and 10): a host silent for the
+    #: timeout is reported lost, and the ranks on a host that hears nothing from the driver for it are ended
+    heartbeat_interval_s: float | None = None
+    heartbeat_timeout_s: float | None = None
+
+    def _settings(
+        self,
+        driver_log_verbosity: str,
+        slot_wait_timeout: float,
+        resume_from: dict[str, Any] | str | None,
+        progress_sink: ProgressSink | None,
+        stall_timeout: float | timedelta | None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+    ) -> None:
+        """Check and keep the settings both runners take."""
+        check_verbosity(driver_log_verbosity)
+        self.exit_timeout = check_exit_timeout(exit_timeout)
+        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
+        self.driver_log_verbosity = driver_log_verbosity
+        self.resume_from = resume_value(resume_from)
+        self.progress_sink = progress_sink
+        self.metrics: dict[str, list[tuple[float, float | None]]] = {}
+        self.checkpoint: dict[str, Any] | None = None
+        self._runs: list[_Run] = []
+
+    def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
+        """The run's launcher, its Spark conf's getter, and whether the channel is TLS."""
+        raise NotImplementedError
+
+    def _rank_kind(self) -> RankKind:
+        raise NotImplementedError
+
+    def _run_job(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value."""
+        run = _Run()
+        self._runs.append(run)  # first: a cancel() while the job is pickled ends the run before it starts
+        try:
+            payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes)
+            if run.cancelled:
+                raise RunCancelledError(f"{type(self).__name__}: the run was cancelled before its ranks started")
+            kind = self._rank_kind()
+            launcher, conf, channel_tls = self._launcher(run)
+            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
+            warn_if_gloo_first(liveness, os.environ)
+            progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
+            supervisor = _supervisor_class()(
+                launcher,
+                payload,
+                self.driver_log_verbosity,
+                lambda: run.cancelled,
+                self.start_timeout_s,
+                progress,
+                liveness,
+                stall_timeout=self.stall_timeout,
+                code_files=CodeFiles(main, args, kwargs),
+                channel_tls=channel_tls,
+                kind=kind,
+                exit_timeout_s=self.exit_timeout,
+            )
+            del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
+            if self.resume_from is not None:
+                log.info("%s: resuming from %s", type(self).__name__, describe_checkpoint(self.resume_from))
+            with _rank_logs_visible():
+                try:
+                    return supervisor.run()
+                finally:
+                    progress.flush()
+                    self.metrics = progress.history.as_dict()
+                    self.checkpoint = (
+                        None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
+                    )
+        finally:
+            self._runs.remove(run)
+
+    def cancel(self) -> None:
+        """End the runs in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
+
+        Only sets a flag (safe in a signal handler); the running ``run`` ends the ranks within moments. The
+        runner can run again afterwards.
+        """
+        for run in list(self._runs):
+            run.cancelled = True
+
+
+def check_fits(main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """TypeError unless ``main`` is callable and ``main(*args, **kwargs)`` fits its signature."""
+    if not callable(main):
+        raise TypeError(f"main must be callable, not {type(main).__name__}")
+    try:
+        inspect.signature(main).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"the arguments do not fit {getattr(main, '__name__', main)!r}: {exc}") from None
+    except ValueError:
+        pass  # no signature to check (some builtins)
+
+
+class HorovodRunner(_Runner):
     """Run a Horovod training function on ``|np|`` ranks and return rank 0's result.
 
     :param np: ``np < 0``: ``-np`` processes on this host (for debugging; every rank's output is shown).
@@ -110,20 +212,12 @@ class HorovodRunner:
     :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
         (``log_to_driver``, metrics) for that long, the ranks' Python stacks are collected, every rank is ended
         and ``run`` raises :class:`RunStalledError` saying where each one was. ``None`` (default): off.
+    :param exit_timeout: seconds (or a timedelta, default 120): once every rank's ``main`` has returned, the run
+        has succeeded, and the ranks' exit work (``atexit`` handlers, an experiment tracker's flush, DataLoader
+        workers) may take this long; a rank still exiting then is ended with a warning naming it, and ``run``
+        still returns rank 0's value. A rank whose process fails in its exit work only logs a warning too,
+        unless the run fails: then it counts after the real failures and before Horovod's shutdown errors.
     """
-
-    start_timeout_s: float = 120.0
-    #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
-    payload_warning_bytes: int = WARN_BYTES
-    #: the rank whose ``log_metrics`` reports the driver keeps
-    metrics_rank: int = 0
-    #: the least time between two writes of the same progress key to ``progress_sink``
-    progress_interval_s: float = 5.0
-    #: heartbeats between the driver and each rank's agent, in seconds (None: the Spark conf's
-    #: ``spark.horovodRunner.heartbeatInterval``/``...heartbeatTimeout``, else 2 and 10): a host silent for the
-    #: timeout is reported lost, and the ranks on a host that hears nothing from the driver for it are ended
-    heartbeat_interval_s: float | None = None
-    heartbeat_timeout_s: float | None = None
 
     def __init__(
         self,
@@ -134,21 +228,14 @@ class HorovodRunner:
         resume_from: dict[str, Any] | str | None = None,
         progress_sink: ProgressSink | None = None,
         stall_timeout: float | timedelta | None = None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
-        check_verbosity(driver_log_verbosity)
-        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
-        self.stall_timeout = check_stall_timeout(stall_timeout)
+        self._settings(driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout)
         self.num_processor = np
-        self.driver_log_verbosity = driver_log_verbosity
-        self.resume_from = resume_value(resume_from)
-        self.progress_sink = progress_sink
-        self.metrics: dict[str, list[tuple[float, float | None]]] = {}
-        self.checkpoint: dict[str, Any] | None = None
-        self._runs: list[_Run] = []
 
     def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value.
@@ -160,66 +247,19 @@ class HorovodRunner:
 
     def run_with_args(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """:meth:`run` with positional arguments too: ranks call ``main(*args, **kwargs)``."""
-        if not callable(main):
-            raise TypeError(f"main must be callable, not {type(main).__name__}")
-        try:
-            inspect.signature(main).bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"the arguments do not fit {getattr(main, '__name__', main)!r}: {exc}") from None
-        except ValueError:
-            pass  # no signature to check (some builtins)
-        payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes)
-        run = _Run()
-        self._runs.append(run)
-        try:
-            launcher: Launcher
-            if self.num_processor < 0:
-                launcher = LocalLauncher(-self.num_processor)
-                conf: Callable[[str], str | None] = lambda key: None  # noqa: E731
-                channel_tls = False  # loopback only: nothing to encrypt against
-            else:
-                spark = active_session()
-                launcher = SparkLauncher(
-                    spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled
-                )
-                conf = spark.sparkContext.getConf().get
-                channel_tls = spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own
-                warn_if_spark_encrypted(conf)
-            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
-            warn_if_gloo_first(liveness, os.environ)
-            progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
-            supervisor = _supervisor_class()(
-                launcher,
-                payload,
-                self.driver_log_verbosity,
-                lambda: run.cancelled,
-                self.start_timeout_s,
-                progress,
-                liveness,
-                stall_timeout=self.stall_timeout,
-                code_files=CodeFiles(main, args, kwargs),
-                channel_tls=channel_tls,
-            )
-            del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
-            if self.resume_from is not None:
-                log.info("HorovodRunner: resuming from %s", describe_checkpoint(self.resume_from))
-            with _rank_logs_visible():
-                try:
-                    return supervisor.run()
-                finally:
-                    progress.flush()
-                    self.metrics = progress.history.as_dict()
-                    self.checkpoint = (
-                        None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
-                    )
-        finally:
-            self._runs.remove(run)
+        check_fits(main, args, kwargs)
+        return self._run_job(main, args, kwargs)
 
-    def cancel(self) -> None:
-        """End the runs in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
+    def _rank_kind(self) -> RankKind:
+        from .driver.rank_kinds import HorovodKind
 
-        Only sets a flag (safe in a signal handler); the running ``run`` ends the ranks within moments. The
-        runner can run again afterwards.
-        """
-        for run in list(self._runs):
-            run.cancelled = True
+        return HorovodKind()  # LaunchError when Horovod is not installed
+
+    def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
+        if self.num_processor < 0:
+            return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
+        spark = active_session()
+        launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
+        conf = spark.sparkContext.getConf().get
+        warn_if_spark_encrypted(conf)
+        return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

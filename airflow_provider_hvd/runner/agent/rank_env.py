@@ -5,7 +5,9 @@ local runs): the driver's own ``HOROVOD_*`` settings (``HOROVOD_TIMELINE``, ``HO
 ``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :mod:`..shared.horovod_env`), then the
 rank's Horovod slot, the Gloo interface that reaches the driver, and ``OMP_NUM_THREADS`` from the cores the
 rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly,
-the GPUs it sees (:mod:`.gpus`), and :data:`KERAS_2_FOR_TENSORFLOW` unless set.
+the GPUs it sees (:mod:`.gpus`), and :data:`KERAS_2_FOR_TENSORFLOW` unless set. A torch.distributed rank gets
+``torchrun``'s variables instead of Horovod's (:mod:`..shared.torch_env`), and Gloo's and NCCL's interface
+that reaches the driver unless set.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from collections.abc import Mapping
 
 import psutil
 
+from ..rank.control import RANK_ENV
 from ..shared.gpus import gpu_env
 from ..shared.horovod_env import GLOO_IFACE
 from ..shared.messages import Hello, Start
+from ..shared.torch_env import IFACE_VARS, RUN_ID
 
 # Horovod 0.28.1's Keras integration works with Keras 2 only: tf.keras is Keras 2 (the tf-keras package) when this
 # is set before TensorFlow is imported. A rank's own setting (spark.executorEnv, the driver's for local runs) wins.
@@ -54,14 +58,18 @@ def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_o
     ``keep_omp_threads``: ``OMP_NUM_THREADS`` in ``base`` was set explicitly (``spark.executorEnv``, or the
     driver's environment for local runs), so it stays; else it is computed.
     """
+    iface = interface_of(hello.host)
     env = {
         **keras_defaults(),
         **base,
         **start.horovod_env,
         **gpu_env(start.gpus),
-        GLOO_IFACE: interface_of(hello.host),
+        GLOO_IFACE: iface,
+        RANK_ENV: str(start.rank),
         "PYTHONUNBUFFERED": "1",
     }
+    if RUN_ID in start.horovod_env:  # a torch.distributed rank
+        env.update({name: iface for name in IFACE_VARS if name not in base})
     if not (keep_omp_threads and "OMP_NUM_THREADS" in base):
         env["OMP_NUM_THREADS"] = str(omp_threads(hello, start.local_size))
     return env

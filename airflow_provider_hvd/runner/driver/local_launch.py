@@ -21,9 +21,9 @@ class LocalLauncher:
 
     driver = LOOPBACK_DRIVER  # any free ports
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, use_gpus: bool = True) -> None:
         self.size = size
-        self.gpus, self._gpus_from = host_gpus()
+        self.gpus, self._gpus_from = host_gpus() if use_gpus else ([], "")  # without: the ranks' own CUDA settings
         self._threads: list[threading.Thread] = []
         self._failure: BaseException | None = None
 

@@ -1,11 +1,15 @@
 """Spark strategy (``np > 0``): a barrier job of ``np`` tasks, each running one rank agent.
 
+torch.distributed's runs with ``spark.task.resource.gpu.amount = k`` run ``k`` agents (ranks) in each task, one
+of its GPUs each (as PySpark's ``TorchDistributor`` runs ``torchrun --nproc-per-node k`` in each task).
+
 The pickled job travels as a Spark broadcast: the driver hands it to Spark once, each executor fetches it
 once (from the driver or from other executors) and the ranks on that executor read that local copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..agent.agent import AgentArgs, run_agent
+from ..shared.gpus import GPU
 from ..shared.messages import Hello
 from .address import spark_driver_address
 from .outcome import LaunchFailed
@@ -42,7 +47,26 @@ def read_broadcast(payload: Broadcast[bytes]) -> bytes:
     return job
 
 
-def _barrier_task(args: AgentArgs, payload: Broadcast[bytes]) -> Callable[[Iterator[Any]], Iterator[str]]:
+def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
+    """The hellos of a task's agents: one, or ``per_task`` sharing its cores, one of its GPUs each."""
+    resources = hello.resources if use_gpus else {name: got for name, got in hello.resources.items() if name != GPU}
+    if per_task == 1:
+        return [dataclasses.replace(hello, resources=resources)]
+    gpus = resources.get(GPU, [])
+    if use_gpus and len(gpus) != per_task:
+        raise RuntimeError(f"this task was given {len(gpus)} GPU(s) ({gpus}) for {per_task} ranks, one GPU each")
+    cpus = None if hello.cpus is None else max(1, hello.cpus // per_task)
+    return [
+        dataclasses.replace(
+            hello, process=process, cpus=cpus, resources={**resources, GPU: [gpus[process]]} if gpus else resources
+        )
+        for process in range(per_task)
+    ]
+
+
+def _barrier_task(
+    args: AgentArgs, payload: Broadcast[bytes], per_task: int = 1, use_gpus: bool = True
+) -> Callable[[Iterator[Any]], Iterator[str]]:
     def task(_: Iterator[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
 
@@ -56,7 +80,26 @@ def _barrier_task(args: AgentArgs, payload: Broadcast[bytes]) -> Callable[[Itera
             cpus=ctx.cpus(),
             resources={name: list(info.addresses) for name, info in ctx.resources().items()},
         )
-        yield json.dumps(run_agent(args, lambda: read_broadcast(payload), hello))
+        hellos = _task_agents(hello, per_task, use_gpus)
+        if len(hellos) == 1:
+            yield json.dumps(run_agent(args, lambda: read_broadcast(payload), hellos[0]))
+            return
+        job = [read_broadcast(payload)]  # one copy for the task's agents, dropped once their ranks have ended
+        ended: list[str] = [""] * len(hellos)
+
+        def agent(index: int) -> None:
+            ended[index] = run_agent(args, lambda: job[0], hellos[index])
+
+        threads = [threading.Thread(target=agent, args=(i,), name=f"hvd-task-agent-{i}") for i in range(1, per_task)]
+        for thread in threads:
+            thread.start()
+        try:
+            agent(0)
+        finally:
+            for thread in threads:  # each ends with its rank (the driver's abort, or the channel's end)
+                thread.join()
+            job.clear()
+        yield json.dumps(ended)
 
     return task
 
@@ -70,9 +113,14 @@ class SparkLauncher:
         size: int,
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         cancelled: Callable[[], bool] = lambda: False,
+        per_task: int = 1,
+        use_gpus: bool = True,
     ) -> None:
         self.sc = spark.sparkContext
-        self.size = size
+        self.size = size  # ranks: agents
+        self.per_task = per_task  # ranks (agents) in each task
+        self.tasks = size // per_task
+        self.use_gpus = use_gpus  # False: the ranks are given none of their tasks' GPUs (CUDA settings left alone)
         self.slot_wait_timeout = slot_wait_timeout
         self.cancelled = cancelled
         self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
@@ -88,7 +136,9 @@ class SparkLauncher:
         self._stop_reason: str | None = None
 
     def describe(self) -> str:
-        return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
+        if self.per_task == 1:
+            return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
+        return f"a Spark barrier job of {self.tasks} tasks of {self.per_task} ranks each on {self.sc.master}"
 
     def memory_settings(self) -> dict[str, str]:
         """The application's memory settings that bound a rank's memory, for a killed rank's evidence (.kills)."""
@@ -106,7 +156,7 @@ class SparkLauncher:
 
     def check_slots(self) -> None:
         """Wait (bounded) until the application has ``size`` task slots; refuse a job that can never fit."""
-        wait_for_slots(self.sc, self.size, self.slot_wait_timeout, self.cancelled)
+        wait_for_slots(self.sc, self.tasks, self.slot_wait_timeout, self.cancelled)
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(
@@ -122,14 +172,14 @@ class SparkLauncher:
     def _run_job(self, task: Callable[[Iterator[Any]], Iterator[str]]) -> None:
         try:
             self.sc.setJobGroup(self.group, f"HorovodRunner: {self.size} ranks", interruptOnCancel=True)
-            rdd = self.sc.parallelize(range(self.size), self.size)
+            rdd = self.sc.parallelize(range(self.tasks), self.tasks)
             rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = exc
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
         self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept
-        task = _barrier_task(args, self._payload)
+        task = _barrier_task(args, self._payload, self.per_task, self.use_gpus)
         self._thread = threading.Thread(target=self._run_job, args=(task,), name="hvd-spark-job", daemon=True)
         self._thread.start()
 

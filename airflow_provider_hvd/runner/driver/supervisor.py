@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import queue
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
-
-import cloudpickle
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from ..agent.agent import AgentArgs
 from ..shared.gpus import GPU, visible_gpus
-from ..shared.horovod_env import forwarded_settings, slot_env
 from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
-from ..shared.messages import Done, Hello, Start
+from ..shared.messages import Done, Hello, Returned, Start, unpickle
 from ..shared.tls import RunCertificate
 from ..shared.wire import new_secret
-
-if TYPE_CHECKING:
-    from horovod.runner.common.util.hosts import SlotInfo
-from .address import CHANNEL, RENDEZVOUS, DriverAddress
+from .address import CHANNEL, DriverAddress
 from .channel import AgentConnection, ChannelEvent, DriverChannel
+from .exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, still_exiting
 from .outcome import (
     AgentFailed,
     AgentLost,
@@ -39,8 +33,8 @@ from .outcome import (
     StartTimedOut,
 )
 from .progress import RunProgress
-from .rendezvous import Rendezvous, plan_ranks
-from .report import abort_reason, run_error
+from .rank_kinds import HorovodKind, RankKind, Slot
+from .report import abort_reason, describe_exit, run_error
 from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, where_ranks_were
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -70,7 +64,7 @@ class Launcher(Protocol):
 
 
 class Supervisor:
-    """One run: the channel, the rendezvous, the launcher, and the loop that watches them."""
+    """One run: the channel, the rank kind's rendezvous, the launcher, and the loop that watches them."""
 
     def __init__(
         self,
@@ -84,6 +78,8 @@ class Supervisor:
         stall_timeout: float | None = None,
         code_files: CodeFiles | None = None,
         channel_tls: bool = False,
+        kind: RankKind | None = None,
+        exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -93,8 +89,11 @@ class Supervisor:
         self._start_timeout_s = start_timeout_s
         self._agents: list[AgentConnection] = []  # in the order they said hello
         self._finished: set[int] = set()  # ids of connections that reported or were lost
+        self._returned: set[int] = set()  # ids of connections whose rank's main returned (it may still be exiting)
+        self._exit_timeout_s = exit_timeout_s  # the ranks' exit work once every rank returned (.exits)
         self._outcome = RunOutcome(self.size)
-        self._rendezvous: Rendezvous | None = None
+        self._kind: RankKind = kind or HorovodKind()
+        self._kind_open = False
         self._progress = progress or RunProgress()
         self._liveness = liveness or Liveness()
         self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
@@ -111,13 +110,14 @@ class Supervisor:
         )
         channel.on_progress = self._progress.take
         try:
-            self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
+            where = self._kind.open(driver)
+            self._kind_open = True
             log.info(
                 "HorovodRunner: driver channel on %s%s",
                 driver.describe(channel.port),
                 f", TLS 1.3 (this run's certificate, SHA-256 {certificate.fingerprint})" if certificate else "",
             )
-            log.info("HorovodRunner: Gloo rendezvous on %s", driver.describe(self._rendezvous.port))
+            log.info("HorovodRunner: %s", where)
             self.launcher.check_slots()
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
@@ -127,7 +127,8 @@ class Supervisor:
             )
             if self._stalls is not None:
                 args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
-            self.launcher.start(args, payload)
+            if not self._cancelled():  # (cancelled while the slots were awaited: nothing starts; _watch says so)
+                self.launcher.start(args, payload)
             del payload
             try:
                 self._watch(channel)
@@ -142,19 +143,18 @@ class Supervisor:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
         assert rank0.result is not None
-        return cloudpickle.loads(rank0.result)
+        return unpickle(rank0.result)  # (pickle.load reads cloudpickle's data: a large result piece by piece)
 
     def _clean_up(self, channel: DriverChannel) -> None:
         """Close the channel, end the launch, stop the rendezvous: each whatever the others did, and none of
         their errors replaces the run's own (they are logged)."""
         cancel = self._outcome.cause is not None or len(self._outcome.succeeded) < self.size
-        rendezvous = self._rendezvous
         steps: list[tuple[str, Callable[[], None]]] = [
             ("close the driver channel", channel.close),  # agents still connected end their ranks at once
             (f"end {self.launcher.describe()}", lambda: self.launcher.stop(cancel=cancel)),
         ]
-        if rendezvous is not None:
-            steps.append(("stop the Gloo rendezvous", rendezvous.stop))
+        if self._kind_open:
+            steps.append((f"stop the {self._kind.name} rendezvous", self._kind.close))
         for what, step in steps:
             try:
                 step()
@@ -167,6 +167,7 @@ class Supervisor:
     def _watch(self, channel: DriverChannel) -> None:
         start_deadline = time.monotonic() + self._start_timeout_s
         abort_deadline: float | None = None
+        exit_deadline: float | None = None  # every rank returned: their exit work is waited for until then
         launch_failed_at: float | None = None
         while True:
             if self._cancelled():
@@ -195,9 +196,20 @@ class Supervisor:
                     log.warning("HorovodRunner: %s; the ranks' Python stacks:\n%s", stalled.reason(), stalled.dumps())
                     self._record(stalled)
             if self._outcome.ending:
-                abort_deadline = abort_deadline or now + ABORT_WAIT_S
-                if not self._running() or now > abort_deadline:
+                if self._outcome.cause is None and abort_deadline is None:  # every rank returned: the run succeeded
+                    exit_deadline = exit_deadline or now + self._exit_timeout_s
+                    if now > exit_deadline and self._running():
+                        self._end_slow_exits()
+                if self._outcome.cause is not None or (exit_deadline is not None and now > exit_deadline):
+                    abort_deadline = abort_deadline or now + ABORT_WAIT_S
+                if not self._running() or (abort_deadline is not None and now > abort_deadline):
                     return
+
+    def _end_slow_exits(self) -> None:
+        """Every rank returned ``exit_timeout`` ago: end those still in their exit work, each with a warning."""
+        for conn in self._running():
+            log.warning("%s", still_exiting(conn.rank, conn.where(), self._exit_timeout_s))
+            conn.abort(f"it was still exiting {self._exit_timeout_s:g}s after every rank returned (exit_timeout)")
 
     def _say_where_ranks_are(self, why: str) -> None:
         """Log where the running ranks are (their Python stacks), before they are ended."""
@@ -243,6 +255,10 @@ class Supervisor:
             return  # a turned-away agent, or a connection that never said hello
         if id(conn) in self._finished:
             return  # already accounted for, with its host (_host_lost)
+        if isinstance(message, Returned):  # its main returned: the rank succeeded, its exit work goes on
+            self._returned.add(id(conn))
+            self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
+            return
         self._finished.add(id(conn))
         where = conn.where()
         received_at = time.time()  # what a failure's own source time falls back on (see outcome.source_time)
@@ -254,7 +270,18 @@ class Supervisor:
                     **message.kill_evidence,
                     "memory_settings": self._memory_settings(),
                 }
-                self._record(RankFailed(conn.rank, where, message, received_at=received_at, kill_evidence=evidence))  # type: ignore[arg-type]
+                returned = id(conn) in self._returned
+                if returned and message.terminated_by is None:
+                    log.warning("%s", exit_failed(conn.rank, where, describe_exit(message.exit_code)))
+                failed = RankFailed(
+                    conn.rank,  # type: ignore[arg-type]
+                    where,
+                    message,
+                    received_at=received_at,
+                    kill_evidence=evidence,
+                    after_return=returned,
+                )
+                self._record(failed)
         elif isinstance(message, AgentFailedMessage):
             self._record(AgentFailed(conn.rank, where, message.error, received_at=received_at))
         elif event.silent_for is not None and self._host_lost(conn, event.silent_for, received_at):
@@ -295,18 +322,12 @@ class Supervisor:
             return {}
 
     def _start_ranks(self) -> None:
-        self._agents.sort(key=lambda conn: conn.hello.partition or 0)  # type: ignore[union-attr]
-        plan = plan_ranks([conn.hello.host for conn in self._agents])  # type: ignore[union-attr]
-        assert self._rendezvous is not None
-        self._rendezvous.init(plan, [conn.peer_host for conn in self._agents])
-        settings = forwarded_settings(os.environ)
+        self._agents.sort(key=lambda conn: (conn.hello.partition or 0, conn.hello.process))  # type: ignore[union-attr]
+        hosts = [conn.hello.host for conn in self._agents]  # type: ignore[union-attr]
+        plan = self._kind.plan(hosts, [conn.peer_host for conn in self._agents])
         gpus = self._visible_gpus(plan)
         for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
-            env = {
-                **settings,
-                **slot_env(slot, self._rendezvous.host, self._rendezvous.port),
-                **self._progress.rank_env(),
-            }
+            env = {**self._kind.env(slot), **self._progress.rank_env()}
             start = Start(slot.rank, env, slot.local_size, seen)
             try:
                 conn.start(start)
@@ -315,7 +336,7 @@ class Supervisor:
         self._outcome.started()
         log.info("HorovodRunner: %d ranks started (%s)", self.size, self.launcher.describe())
 
-    def _visible_gpus(self, plan: list[SlotInfo]) -> list[list[str] | None]:
+    def _visible_gpus(self, plan: Sequence[Slot]) -> list[list[str] | None]:
         """The GPUs each agent's rank sees, from those given to the ranks on its host (:mod:`.gpus`)."""
         by_host: dict[str, list[int]] = {}
         for agent, slot in sorted(enumerate(plan), key=lambda pair: pair[1].local_rank):

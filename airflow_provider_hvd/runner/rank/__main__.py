@@ -18,7 +18,7 @@ import cloudpickle
 from ..reaper import PARENT_PID_ENV, die_with_parent
 from ..shared.messages import RankError, RemoteError, Result
 from ..shared.payload import check_fits_frame
-from .control import CONTROL_FD_ENV, RANK_PID_ENV, control_pipe
+from .control import CONTROL_FD_ENV, RANK_ENV, RANK_PID_ENV, control_pipe
 from .stacks import arm_stack_dumps
 
 
@@ -66,7 +66,7 @@ def main() -> int:
     die_with_parent(int(os.environ.get(PARENT_PID_ENV, os.getppid())), signal.SIGKILL)  # no rank outlives its run
     os.environ[RANK_PID_ENV] = str(os.getpid())  # log_to_driver works in this process, not in its children
     arm_stack_dumps()  # before the job is loaded: a stall while unpickling it shows too
-    code = _run(int(os.environ["HOROVOD_RANK"]))
+    code = _run(int(os.environ[RANK_ENV]))
     atexit._run_exitfuncs()  # e.g. Horovod's shutdown; then exit without waiting for threads main left
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

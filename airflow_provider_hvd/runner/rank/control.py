@@ -20,6 +20,7 @@ from ..shared.wire import FrameStream
 
 LOG_TOKEN_ENV = "HVD_RUNNER_LOG_TOKEN"
 RANK_PID_ENV = "HVD_RUNNER_RANK_PID"
+RANK_ENV = "HVD_RUNNER_RANK"  # the rank, whatever its kind (Horovod's or torch.distributed's)
 MAX_MESSAGE_CHARS = 4000
 
 

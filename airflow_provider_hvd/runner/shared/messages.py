@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .wire import FrameStream, Kind, frame_header
+from .wire import Body, FrameStream, Kind, Pieces, frame_header
 
 
 @dataclass(frozen=True)
@@ -22,22 +23,32 @@ class Message:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> Message:
-        return cls(**json.loads(data))
+    def decode(cls, data: Body) -> Message:
+        return cls(**_json(data))
+
+
+def _json(data: Body) -> Any:
+    return json.loads(data.read() if isinstance(data, Pieces) else data)
 
 
 @dataclass(frozen=True)
 class RawMessage(Message):
-    """A message that is one blob of bytes (pickled data), sent as is."""
+    """A message that is one blob of bytes (pickled data), sent as is; received as it came (never copied)."""
 
-    data: bytes
+    data: Body
 
     def encode(self) -> bytes:
+        assert isinstance(self.data, bytes), "a received body is read, not sent on"
         return self.data
 
     @classmethod
-    def decode(cls, data: bytes) -> Message:
+    def decode(cls, data: Body) -> Message:
         return cls(data)
+
+
+def unpickle(data: Body) -> Any:
+    """The object a pickled body holds; one received in pieces is read piece by piece (never whole beside it)."""
+    return pickle.load(data) if isinstance(data, Pieces) else pickle.loads(data)
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class Hello(Message):
     host: str
     pid: int
     partition: int | None = None  # the agent's place in its launch (Spark: its task's partition); ranks follow it
+    process: int = 0  # the agent's place in its task (gpu.amount = k torch ranks per task: k agents); ranks follow it
     executor: str | None = None  # Spark only: the executor's address and the task's attempt
     attempt: int | None = None
     cpus: int | None = None  # the cores Spark gave the task
@@ -97,6 +109,13 @@ class Result(RawMessage):
 
 
 @dataclass(frozen=True)
+class Returned(Message):
+    """The rank's ``main`` returned (rank 0's value went as :class:`Result` before); its process is exiting."""
+
+    KIND: ClassVar[Kind] = Kind.RETURNED
+
+
+@dataclass(frozen=True)
 class Done(Message):
     """How the rank ended; the agent's last message."""
 
@@ -111,8 +130,8 @@ class Done(Message):
     kill_evidence: dict[str, Any] | None = None  # a rank killed by a signal: what its host said (agent/kill_evidence)
 
     @classmethod
-    def decode(cls, data: bytes) -> Message:
-        fields = json.loads(data)
+    def decode(cls, data: Body) -> Message:
+        fields = _json(data)
         error = fields.pop("error")
         return cls(error=RemoteError(**error) if error else None, **fields)
 
@@ -122,8 +141,8 @@ class _ErrorReport(Message):
     error: RemoteError
 
     @classmethod
-    def decode(cls, data: bytes) -> Message:
-        return cls(RemoteError(**json.loads(data)["error"]))
+    def decode(cls, data: Body) -> Message:
+        return cls(RemoteError(**_json(data)["error"]))
 
 
 @dataclass(frozen=True)
@@ -262,6 +281,7 @@ _BY_KIND: dict[Kind, type[Message]] = {
 }
 _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
 _BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})
+_BY_KIND[Returned.KIND] = Returned
 _BY_KIND.update({cls.KIND: cls for cls in (RankState, DumpStacks, RankReady)})
 
 
@@ -275,7 +295,7 @@ def frame(message: Message) -> bytes:
     return frame_header(message.KIND, len(body)) + body
 
 
-def decode(kind: Kind, data: bytes) -> Message:
+def decode(kind: Kind, data: Body) -> Message:
     """The message a frame of ``kind`` carries."""
     return _BY_KIND[kind].decode(data)
 
