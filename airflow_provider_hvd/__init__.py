@@ -1,9 +1,10 @@
-"""Distributed deep learning with Horovod, launched on Spark, driven from Airflow.
+"""Distributed deep learning with Horovod or torch.distributed, launched on Spark, driven from Airflow.
 
-``HorovodRunner``, ``TorchDistributor``, ``log_to_driver`` and the progress API (``log_metrics``, ``report_checkpoint``,
-``last_checkpoint``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator`` and ``horovod_task``
-need it. Every name is imported on first use: importing the package (as Airflow does to discover the
-provider) imports neither Airflow nor Horovod, torch or pyspark.
+``HorovodRunner``, ``TorchDistributor``, ``log_to_driver`` and the progress API (``log_metrics``,
+``report_checkpoint``, ``last_checkpoint``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator``,
+``TorchDistributorOperator``, ``horovod_task`` and ``torch_distributed_task`` need it. Every name is imported
+on first use: importing the package (as Airflow does to discover the provider) imports neither Airflow nor
+Horovod, torch or pyspark.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _EXPORTS = {
     "HorovodHook": "airflow_provider_hvd.hooks.horovod",
     "HorovodRunnerOperator": "airflow_provider_hvd.operators.horovod",
     "horovod_task": "airflow_provider_hvd.decorators.horovod",
+    "TorchDistributorOperator": "airflow_provider_hvd.operators.torch_distributor",
+    "torch_distributed_task": "airflow_provider_hvd.decorators.torch_distributed",
 }
 
 __all__ = [
@@ -41,17 +44,21 @@ __all__ = [
     "RunCancelledError",
     "RunStalledError",
     "TorchDistributor",
+    "TorchDistributorOperator",
     "horovod_task",
     "last_checkpoint",
     "log_metrics",
     "log_to_driver",
     "report_checkpoint",
+    "torch_distributed_task",
 ]
 
 if TYPE_CHECKING:
     from airflow_provider_hvd.decorators.horovod import horovod_task
+    from airflow_provider_hvd.decorators.torch_distributed import torch_distributed_task
     from airflow_provider_hvd.hooks.horovod import HorovodHook
     from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
+    from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
     from airflow_provider_hvd.runner.errors import (
         HorovodRunnerError,
         LaunchError,

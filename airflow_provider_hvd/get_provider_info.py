@@ -13,14 +13,36 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "airflow-provider-hvd",
         "name": "Horovod on Spark",
         "description": (
-            "Distributed training with Horovod, launched as a Spark barrier job (sparkdl's HorovodRunner API)."
+            "Distributed training with Horovod or torch.distributed, launched as a Spark barrier job (sparkdl's "
+            "HorovodRunner API and PySpark's TorchDistributor API)."
         ),
         "versions": [__version__],
         "integrations": [
-            {"integration-name": "Horovod", "external-doc-url": "https://horovod.readthedocs.io/", "tags": ["software"]}
+            {
+                "integration-name": "Horovod",
+                "external-doc-url": "https://horovod.readthedocs.io/",
+                "tags": ["software"],
+            },
+            {
+                "integration-name": "PyTorch Distributed",
+                "external-doc-url": "https://pytorch.org/docs/stable/distributed.html",
+                "tags": ["software"],
+            },
         ],
         "hooks": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.hooks.horovod"]}],
-        "operators": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.operators.horovod"]}],
+        "operators": [
+            {"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.operators.horovod"]},
+            {
+                "integration-name": "PyTorch Distributed",
+                "python-modules": ["airflow_provider_hvd.operators.torch_distributor"],
+            },
+        ],
         "extra-links": ["airflow_provider_hvd.operators.training_job.SparkUILink"],
-        "task-decorators": [{"name": "horovod", "class-name": "airflow_provider_hvd.decorators.horovod.horovod_task"}],
+        "task-decorators": [
+            {"name": "horovod", "class-name": "airflow_provider_hvd.decorators.horovod.horovod_task"},
+            {
+                "name": "torch_distributed",
+                "class-name": "airflow_provider_hvd.decorators.torch_distributed.torch_distributed_task",
+            },
+        ],
     }

@@ -16,6 +16,17 @@ def test_task_horovod_resolves_through_the_provider_registration():
     assert task.horovod is horovod_task
 
 
+def test_task_torch_distributed_and_its_operator_are_declared_to_airflow():
+    from airflow.sdk import task
+
+    from airflow_provider_hvd.decorators.torch_distributed import torch_distributed_task
+    from airflow_provider_hvd.get_provider_info import get_provider_info
+
+    assert task.torch_distributed is torch_distributed_task
+    modules = {m for entry in get_provider_info()["operators"] for m in entry["python-modules"]}
+    assert "airflow_provider_hvd.operators.torch_distributor" in modules
+
+
 def test_the_spark_connection_type_stays_the_apache_spark_providers():
     from airflow.providers_manager import ProvidersManager
 

@@ -3,7 +3,7 @@
 :class:`TrainingJobOperator` holds the Airflow side (the ``spark`` connection, templated arguments, context
 values, the task log, ``on_kill``, the task state store and resume on retry, the stall timeout, the XCom check,
 the Spark UI link); a subclass says only how its runner is built and whether the job runs without Spark:
-``HorovodRunnerOperator`` (``operators/horovod.py``), ``TorchDistributorOperator`` (``operators/torch.py``).
+``HorovodRunnerOperator`` (``operators/horovod.py``), ``TorchDistributorOperator`` (``operators/torch_distributor.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""TorchDistributorOperator: a TorchDistributor job as an Airflow task; rank 0's return value is its XCom."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_provider_hvd.hooks.horovod import HorovodHook
+from airflow_provider_hvd.operators.training_job import TrainingJobOperator
+from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
+
+if TYPE_CHECKING:
+    from airflow_provider_hvd.runner.torch_distributor import TorchDistributor
+
+
+class TorchDistributorOperator(TrainingJobOperator):
+    """Run ``python_callable(*op_args, **op_kwargs)`` on ``num_processes`` torch.distributed processes; push rank
+    0's return value.
+
+    :param python_callable: the training function; it calls ``torch.distributed.init_process_group()`` itself
+        (no arguments needed: each process gets ``torchrun``'s environment). Shipped with cloudpickle.
+    :param op_args: positional arguments (templated).
+    :param op_kwargs: keyword arguments (templated).
+    :param num_processes: how many processes (templated). As PySpark's ``TorchDistributor``.
+    :param local_mode: True (default, as PySpark's): the processes run on the Airflow worker's host, without
+        Spark. False: a Spark barrier job on the connection's cluster.
+    :param use_gpu: one GPU per process (default True, as PySpark's); pass False to train on CPUs.
+    :param driver_log_verbosity: ``"log_callback_only"`` (default) or ``"all"``: which rank output reaches
+        the task log (``local_mode=False``; local processes' output always does).
+    :param conn_id: the ``spark`` connection (default ``spark_default``; templated), for ``local_mode=False``.
+    :param spark_conf: Spark settings on top of the connection's (templated), e.g.
+        ``{"spark.task.resource.gpu.amount": "1"}``.
+    :param slot_wait_timeout: seconds to wait for free task slots on a busy cluster (default 600).
+    :param stall_timeout: seconds or a timedelta (default None: off): as :class:`HorovodRunnerOperator`'s.
+
+    Progress, resume on retry, ``on_kill`` and the Spark UI link are as :class:`HorovodRunnerOperator`'s.
+    """
+
+    kind: ClassVar[str] = "torch.distributed"
+    template_fields: Sequence[str] = (*TrainingJobOperator.template_fields, "num_processes")
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Collection[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        num_processes: int | str = 1,
+        local_mode: bool = True,
+        use_gpu: bool = True,
+        driver_log_verbosity: str = "log_callback_only",
+        conn_id: str = HorovodHook.default_conn_name,
+        spark_conf: dict[str, Any] | None = None,
+        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
+        stall_timeout: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            driver_log_verbosity=driver_log_verbosity,
+            conn_id=conn_id,
+            spark_conf=spark_conf,
+            slot_wait_timeout=slot_wait_timeout,
+            stall_timeout=stall_timeout,
+            **kwargs,
+        )
+        if not isinstance(num_processes, str):  # a template is checked once rendered
+            self._check_processes(num_processes)
+        self.num_processes = num_processes
+        self.local_mode = bool(local_mode)
+        self.use_gpu = bool(use_gpu)
+
+    @staticmethod
+    def _check_processes(num_processes: object) -> int:
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
+            raise ValueError(f"num_processes must be a positive int, not {num_processes!r}")
+        return num_processes
+
+    def _processes(self) -> int:
+        try:
+            value = int(self.num_processes) if isinstance(self.num_processes, str) else self.num_processes
+        except ValueError:
+            raise ValueError(f"num_processes rendered to {self.num_processes!r}; it must be a positive int") from None
+        return self._check_processes(value)
+
+    def runs_locally(self) -> bool:
+        self._processes()  # a bad rendered value fails before anything starts
+        return self.local_mode
+
+    def make_runner(self, **common: Any) -> TorchDistributor:
+        from airflow_provider_hvd.runner.torch_distributor import TorchDistributor
+
+        return TorchDistributor(self._processes(), self.local_mode, self.use_gpu, **common)
+
+    def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        return runner.run(self.python_callable, *args, **kwargs)

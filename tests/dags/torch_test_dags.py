@@ -1,0 +1,53 @@
+"""DAGs of TorchDistributorOperator and @task.torch_distributed that the tests run with dag.test()."""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+def all_reduce_average(values: list[float]) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    mine = torch.tensor([values[rank]])
+    print(f"rank {rank} of {size} holds {mine.item()}")
+    dist.all_reduce(mine)
+    print(f"rank {rank} sees the average {mine.item() / size}")
+    dist.destroy_process_group()
+    return {"average": mine.item() / size, "size": size}
+
+
+with DAG("torch_operator", schedule=None, start_date=START, catchup=False, params={"n": 2}):
+    TorchDistributorOperator(
+        task_id="all_reduce",
+        python_callable=all_reduce_average,
+        op_kwargs={"values": [1.0, 3.0]},
+        num_processes="{{ params.n }}",
+        local_mode=False,
+        use_gpu=False,
+        driver_log_verbosity="all",
+    )
+
+
+with DAG("torch_on_kill", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
+
+    @task.torch_distributed(num_processes=2, use_gpu=False)  # local_mode=True: on this host, no Spark
+    def train_forever(pid_dir: str) -> None:
+        import os
+        import time
+        from pathlib import Path
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        Path(pid_dir, f"rank-{dist.get_rank()}.pid").write_text(str(os.getpid()))
+        time.sleep(300)
+
+    train_forever(pid_dir="{{ params.pid_dir }}")

@@ -1,0 +1,71 @@
+"""TorchDistributorOperator and @task.torch_distributed in real Airflow (dag.test() on SQLite): the example DAG,
+XComs, the task log, the task state store, on_kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+from dag_runs import states
+from jobs import assert_all_gone, wait_for_pids
+from test_airflow_dags import xcom
+from test_progress_airflow import stored
+
+from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
+
+pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
+
+
+def relayed_text(caplog) -> str:
+    """What the ranks' logger logged, as the task log shows it."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks")
+
+
+def test_ddp_example_trains_on_two_processes_and_reports(dags, caplog, capsys):
+    run = dags["torch_ddp_example"].test()
+    assert states(run) == {"prepare_data": "success", "train": "success", "report": "success"}
+    metrics = xcom(run, "train")
+    assert metrics["ranks"] == 2 and metrics["epochs"] == 8 and metrics["accuracy"] > 0.9, metrics
+    assert len(metrics["hosts"]) == 2  # local_mode=False on local[2]: a barrier job of 2 tasks
+    relayed = relayed_text(caplog)
+    assert "epoch 1/8: loss=" in relayed and "epoch 8/8: loss=" in relayed, relayed
+    assert f"rank 0 result: {metrics}" in capsys.readouterr().out
+    progress = stored(run, "train")  # what the Training tab draws, and what a retry resumes from
+    metrics_stored, checkpoint = progress[METRICS_KEY], progress[CHECKPOINT_KEY]
+    assert [step for step, _ in metrics_stored["series"]["loss"]] == list(range(1, 9))
+    assert checkpoint["epoch"] == 8 and checkpoint["path"].endswith("ddp-epoch-8.pt") and checkpoint["finished"]
+
+
+def test_operator_pushes_rank_0s_value_and_relays_every_line(dags, caplog):
+    run = dags["torch_operator"].test()  # num_processes="{{ params.n }}", driver_log_verbosity="all"
+    assert states(run) == {"all_reduce": "success"}
+    assert xcom(run, "all_reduce") == {"average": 2.0, "size": 2}
+    assert not xcom(run, "all_reduce", "_link_SparkUILink")  # local[2]: no page outlives the task, so no link
+    relayed = relayed_text(caplog)
+    for line in ("rank 0 of 2 holds 1.0", "rank 1 of 2 holds 3.0", "rank 0 sees the average 2.0"):
+        assert line in relayed, relayed
+
+
+def test_killed_task_fails_and_leaves_no_process(dags, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+
+    def kill_when_training() -> None:
+        wait_for_pids(str(pid_dir), 2)
+        os.kill(os.getpid(), signal.SIGTERM)  # what Airflow's supervisor sends; the task runner calls on_kill()
+
+    killer = threading.Thread(target=kill_when_training)
+    killer.start()
+    run = dags["torch_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
+    killer.join()
+    assert states(run) == {"train_forever": "failed"}
+    assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))
+
+
+def test_bad_num_processes_is_refused_when_the_dag_is_parsed():
+    from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
+
+    with pytest.raises(ValueError, match="num_processes must be a positive int, not 0"):
+        TorchDistributorOperator(task_id="t", python_callable=print, num_processes=0)
