@@ -83,7 +83,7 @@ class AgentConnection:
         self._closed = False
         self.rank: int | None = None
         self.hello: Hello | None = None
-        self.result: bytes | None = None
+        self.result: wire.Body | None = None  # rank 0's pickled result, as it came (messages.unpickle reads it)
         self.done: Done | None = None
         self.lines_dropped = 0
         self.last_active = time.monotonic()  # the stall clock (stalls.py): its last message, or its rank's start
@@ -442,7 +442,7 @@ class DriverChannel:
     def _on_frames(self, conn: AgentConnection, data: bytes) -> None:
         try:
             for kind, body in conn.decoder.feed(data):
-                if self._on_message(conn, decode(kind, bytes(body))):
+                if self._on_message(conn, decode(kind, body)):  # (not bytes(body): a large result is not copied)
                     self._drop(conn)
                     return
                 self._beat_while_busy()

@@ -8,6 +8,7 @@ mutual HMAC challenge over a per-run secret; no frame is read from a peer before
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import hmac
@@ -28,6 +29,7 @@ PROOF_BYTES = hashlib.sha256().digest_size
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 1 << 31
 _COALESCE_BYTES = 64 << 10  # frames up to this size are written with one call
+PIECE_BYTES = 64 << 20  # a result larger than this is kept in pieces of this size (each its own mapping: see Pieces)
 
 
 class Kind(enum.IntEnum):
@@ -42,6 +44,7 @@ class Kind(enum.IntEnum):
     METRICS = 7  # progress: a rank's metrics, relayed by its agent
     CHECKPOINT = 8  # progress: a checkpoint a rank reported, relayed by its agent
     AGENT_ALIVE = 6  # heartbeat (.liveness)
+    RETURNED = 11  # the rank's main returned; its process runs its exit work (driver/exits.py)
     # driver -> agent
     START = 10
     ABORT = 12
@@ -73,21 +76,87 @@ def frame_header(kind: Kind, length: int) -> bytes:
     return _HEADER.pack(kind, length)
 
 
+class Pieces:
+    """A large frame body (a result) as pieces of :data:`PIECE_BYTES`, read once, like a file (``pickle.load``).
+
+    Each piece is let go as soon as it has been read: the body and the object made from it are never both held
+    whole (a 1 GiB result costs the driver about 1 GiB, not 2). Pieces this large are each their own memory
+    mapping (past malloc's largest mmap threshold, 32 MiB), so a piece let go is given back to the system at once.
+    """
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self._pieces: collections.deque[bytearray] = collections.deque()
+        self._filled = 0  # bytes written into the pieces
+        self._offset = 0  # bytes of the first piece already read
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def complete(self) -> bool:
+        return self._filled == self.length
+
+    def fill(self, data: memoryview) -> int:
+        """Take what of ``data`` belongs to the body; returns how many bytes that was."""
+        took = 0
+        while took < len(data) and self._filled < self.length:
+            piece = self._pieces[-1] if self._pieces else None
+            at = self._filled % PIECE_BYTES
+            if piece is None or at == 0:
+                piece = bytearray(min(PIECE_BYTES, self.length - self._filled))
+                self._pieces.append(piece)
+            take = min(len(piece) - at, len(data) - took)
+            piece[at : at + take] = data[took : took + take]
+            took += take
+            self._filled += take
+        return took
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        target = memoryview(buffer).cast("B")
+        done = 0
+        while done < len(target) and self._pieces:
+            piece = self._pieces[0]
+            take = min(len(piece) - self._offset, len(target) - done)
+            target[done : done + take] = memoryview(piece)[self._offset : self._offset + take]
+            done += take
+            self._offset += take
+            if self._offset == len(piece):
+                self._pieces.popleft()  # given back: the object being made from it takes its place
+                self._offset = 0
+        return done
+
+    def read(self, n: int = -1) -> bytes:
+        left = sum(map(len, self._pieces)) - self._offset
+        buffer = bytearray(left if n < 0 else min(n, left))
+        return bytes(buffer[: self.readinto(buffer)])
+
+    def readline(self) -> bytes:
+        line = bytearray()
+        while not line.endswith(b"\n") and (byte := self.read(1)):
+            line += byte
+        return bytes(line)
+
+
+Body = bytes | bytearray | Pieces  # a received frame's body
+
+
 class FrameDecoder:
     """Frames out of a byte stream that arrives in pieces (the driver reads its connections without blocking).
 
-    A frame's body is collected in one buffer of its announced length: a large body is never copied whole.
+    A frame's body is collected in one buffer of its announced length, and a result larger than
+    :data:`PIECE_BYTES` in :class:`Pieces`: a large body is never copied whole.
     """
 
     def __init__(self) -> None:
         self._head = bytearray()
         self._kind: Kind | None = None
-        self._body: bytearray | None = None
+        self._body: bytearray | Pieces | None = None
         self._got = 0
 
-    def feed(self, data: bytes | memoryview) -> list[tuple[Kind, bytes | bytearray]]:
+    def feed(self, data: bytes | memoryview) -> list[tuple[Kind, Body]]:
         """The frames that ``data`` completes; ``ValueError`` for an unknown kind or an oversized frame."""
-        frames: list[tuple[Kind, bytes | bytearray]] = []
+        frames: list[tuple[Kind, Body]] = []
         view = memoryview(data)
         while view:
             if self._body is None:
@@ -100,12 +169,18 @@ class FrameDecoder:
                 self._head.clear()
                 if length > MAX_FRAME_BYTES:
                     raise ValueError(f"frame of {length} bytes is larger than allowed")
-                self._kind, self._body, self._got = Kind(kind), bytearray(length), 0
-            take = min(len(self._body) - self._got, len(view))
-            self._body[self._got : self._got + take] = view[:take]
-            self._got += take
-            view = view[take:]
-            if self._got == len(self._body):
+                self._kind, self._got = Kind(kind), 0
+                self._body = Pieces(length) if self._kind is Kind.RESULT and length > PIECE_BYTES else bytearray(length)
+            if isinstance(self._body, Pieces):
+                view = view[self._body.fill(view) :]
+                done = self._body.complete
+            else:
+                take = min(len(self._body) - self._got, len(view))
+                self._body[self._got : self._got + take] = view[:take]
+                self._got += take
+                view = view[take:]
+                done = self._got == len(self._body)
+            if done:
                 assert self._kind is not None
                 frames.append((self._kind, self._body))
                 self._kind, self._body = None, None
