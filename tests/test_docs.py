@@ -1,8 +1,9 @@
 """The README and the changelog, which the strict docs build (`make docs`) does not read: short, their links
-alive, and the source archive carries what they point to."""
+alive, and the source archive carries what they point to. And facts the docs state that the code decides."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -64,3 +65,56 @@ def test_the_docs_build_fails_on_a_broken_link_or_reference(tmp_path):
     assert broken.returncode != 0
     for named in ("gone.md", "#nowhere", "airflow_provider_hvd.Nothing"):
         assert named in broken.stderr, broken.stderr
+
+
+FRAMEWORKS = {"PYTORCH": "PyTorch", "TENSORFLOW": "TensorFlow", "MXNET": "MXNet", "MPI": "MPI", "GLOO": "Gloo"}
+_MARK = r"\b(?:with|without|no|not|are not built|is not built)\b"
+# "with X and Y", "without X or Y", "no X", "not X" (up to the next of these, or the clause's end); "X are not built"
+_CLAIM = re.compile(rf"\b(with|without|no|not)\b((?:(?!{_MARK})[^.;:()|])*)|([^.;:()|]*)\b(?:are|is) not built\b")
+
+
+def doc_blocks(markdown: str) -> list[str]:
+    """Paragraphs, list items and table rows: the units a claim stays within. A list item comes with the
+    paragraph that leads into its list ("The script:" and "- builds Horovod with ...")."""
+    blocks: list[list[str]] = [[]]
+    for line in markdown.splitlines():
+        starts = not line.strip() or re.match(r"\s*(\||[-*] |\d+\. )", line)
+        if starts and blocks[-1]:
+            blocks.append([])
+        if line.strip():
+            blocks[-1].append(line)
+    joined, lead = [], ""
+    for text in (" ".join(block) for block in blocks if block):
+        item = re.match(r"\s*([-*] |\d+\. )", text)
+        joined.append(f"{lead} {text}" if item else text)
+        lead = text if text.endswith(":") else lead if item else ""
+    return joined
+
+
+def test_the_docs_say_what_the_installer_builds_horovod_with():
+    """Where a page says which frameworks scripts/install_horovod.py builds Horovod with or without, it says
+    what the script's build switches say (TensorFlow is built in when the environment has it)."""
+    spec = importlib.util.spec_from_file_location("install_horovod", ROOT / "scripts" / "install_horovod.py")
+    installer = importlib.util.module_from_spec(spec)
+    sys.modules["install_horovod"] = installer  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(installer)
+        switches = installer.cpu_variant(tensorflow=True).env
+    finally:
+        del sys.modules["install_horovod"]
+    with_ = {FRAMEWORKS[k.removeprefix("HOROVOD_WITH_")] for k in switches if k.startswith("HOROVOD_WITH_")}
+    without = {FRAMEWORKS[k.removeprefix("HOROVOD_WITHOUT_")] for k in switches if k.startswith("HOROVOD_WITHOUT_")}
+    assert with_ == {"PyTorch", "TensorFlow", "Gloo"} and without == {"MPI", "MXNet"}, switches  # the names above
+    wrong, checked = [], 0
+    for page in sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]):
+        for block in doc_blocks(page.read_text()):
+            if "install_horovod.py" not in block:
+                continue
+            for word, named, not_built in _CLAIM.findall(block):
+                word, named = (word, named) if word else ("without", not_built)
+                said = {name for name in FRAMEWORKS.values() if re.search(rf"\b{name}\b", named)}
+                checked += bool(said)
+                if said - (with_ if word == "with" else without):
+                    wrong.append(f"{page.relative_to(ROOT)}: {word!r} {sorted(said)}: {block[:160]}")
+    assert not wrong, "\n".join(wrong)
+    assert checked >= 4  # the installation page, compatibility, sparkdl's comparison and the TensorFlow page
