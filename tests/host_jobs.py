@@ -20,3 +20,19 @@ def allreduce_forever(pid_dir: str) -> None:
     while True:
         hvd.allreduce(torch.ones(1000), op=hvd.Sum)
         time.sleep(0.05)
+
+
+def allreduce_forever_printing(pid_dir: str) -> None:
+    """:func:`allreduce_forever`, with a thread printing lines as fast as it can all along (a flood of output
+    for the driver to relay at ``driver_log_verbosity="all"``)."""
+    import itertools
+    import sys
+    import threading
+
+    def chatter() -> None:
+        for i in itertools.count():
+            sys.stdout.write("".join(f"chatter {i}.{j} " + "x" * 60 + "\n" for j in range(100)))
+            sys.stdout.flush()
+
+    threading.Thread(target=chatter, daemon=True).start()
+    allreduce_forever(pid_dir)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_session
-from host_jobs import allreduce_forever
+from host_jobs import allreduce_forever, allreduce_forever_printing
 from hosts import Host, Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples_and_hosts
@@ -175,12 +175,12 @@ class _when_gone(threading.Thread):  # noqa: N801 - used as a function
             self.result["at"] = time.monotonic()
 
 
-def _start_run(runner: HorovodRunner, pid_dir: str, size: int) -> tuple[threading.Thread, dict]:
+def _start_run(runner: HorovodRunner, pid_dir: str, size: int, job=allreduce_forever) -> tuple[threading.Thread, dict]:
     outcome: dict = {}
 
     def run() -> None:
         try:
-            runner.run(allreduce_forever, pid_dir=pid_dir)
+            runner.run(job, pid_dir=pid_dir)
         except BaseException as exc:  # noqa: BLE001 - the test looks at it
             outcome["error"] = exc
         outcome["ended"] = time.monotonic()
@@ -220,11 +220,15 @@ def ranks_left(hosts: list[Host], within: float = 10.0) -> list[tuple[int, str]]
         time.sleep(0.2)
 
 
-def test_a_host_cut_off_mid_run_is_named_and_its_ranks_end_by_themselves(hosts, pid_dir):
+@pytest.mark.parametrize("chatty", [False, True], ids=["quiet", "every-rank-printing"])
+def test_a_host_cut_off_mid_run_is_named_and_its_ranks_end_by_themselves(hosts, pid_dir, chatty, monkeypatch):
+    """Also while every rank floods the driver with output at "all": relaying it must not starve the check."""
+    monkeypatch.setattr(logging.getLogger(RANKS), "propagate", False)  # relayed, not kept by pytest's capture
     spark = session(hosts, 2, 4)
     cut: Host | None = None
     try:
-        thread, outcome = _start_run(HorovodRunner(np=4), pid_dir, 4)
+        runner = HorovodRunner(np=4, driver_log_verbosity="all" if chatty else "log_callback_only")
+        thread, outcome = _start_run(runner, pid_dir, 4, allreduce_forever_printing if chatty else allreduce_forever)
         placed = _rank_hosts(hosts, pid_dir, 4)
         cut = placed[2][1]
         orphans = [pid for pid, host in placed.values() if host is cut]
@@ -248,7 +252,8 @@ def test_a_host_cut_off_mid_run_is_named_and_its_ranks_end_by_themselves(hosts, 
         assert "at" in orphans_gone.result, "the cut-off host's ranks did not end"
         orphans_ended = orphans_gone.result["at"] - cut_at
         print(
-            f"\nMEASURED host cut: named after {named_after:.1f}s; its ranks ended {orphans_ended:.1f}s after the cut"
+            f"\nMEASURED host cut ({'every rank printing' if chatty else 'quiet'}): named after {named_after:.1f}s; "
+            f"its ranks ended {orphans_ended:.1f}s after the cut"
         )
         assert orphans_ended < ORPHANS_END_WITHIN_S
         cut.reconnect()

@@ -240,7 +240,8 @@ class DriverChannel:
         self._fd_pause_until = 0.0  # out of file descriptors: accepting resumes then
         self._warned_full = False
         self.liveness = liveness or Liveness()
-        self._next_beat = time.monotonic() + self.liveness.interval_s
+        self._next_beat = time.monotonic() + self.liveness.interval_s  # heartbeats: sent also during a long read
+        self._next_check = self._next_beat  # the silence check: its own clock, never skipped for the heartbeats'
         self._listener.setblocking(False)
         self.host, self.port = self._listener.getsockname()[:2]
         self._wake_r, self._wake_w = socket.socketpair()
@@ -289,7 +290,7 @@ class DriverChannel:
 
     def _select_timeout(self) -> float | None:
         timeouts = [_EXPIRY_CHECK_S] if self._pending else []  # often enough to close unproven connections on time
-        timeouts.append(max(0.0, self._next_beat - time.monotonic()))
+        timeouts.append(max(0.0, min(self._next_beat, self._next_check) - time.monotonic()))
         if self._fd_pause_until:
             timeouts.append(max(0.0, self._fd_pause_until - time.monotonic()))
         return min(timeouts, default=None)
@@ -348,28 +349,33 @@ class DriverChannel:
     def _keep_alive(self) -> None:
         """Each interval: a heartbeat to every proven connection, and the end of those silent past the timeout.
 
-        It runs after the loop has read what the select found: a loop that was itself held up (a busy driver)
-        first reads the heartbeats that waited, and ends no live connection.
+        The check has its own clock: heartbeats sent in the middle of a long read (:meth:`_beat_while_busy`)
+        never make it skip one, however much the agents send. It runs after the loop has read what the select
+        found, and a connection with bytes still unread is not silent: a loop that was itself held up (a busy
+        driver) ends no live connection.
         """
-        if not self._beat_due():
-            return
+        if self._beat_due():
+            for conn in self._proven():
+                conn.beat()
         now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.liveness.interval_s
         for conn in self._proven():
             silent = now - conn.last_heard
-            if silent > self.liveness.timeout_s:
+            if silent > self.liveness.timeout_s and not _ready(conn.sock, select.POLLIN):
                 self._lost(
                     conn,
                     f"nothing heard from it for {silent:.0f}s (heartbeat timeout {self.liveness.timeout_s:g}s): "
                     "its host is down, or the network between it and this driver is cut",
                     silent_for=silent,
                 )
-            else:
-                conn.beat()
 
     def _beat_while_busy(self) -> None:
         """Between the frames of one long read (a flood of log lines to relay): the heartbeats that are due, so
         that agents do not take a busy driver for a gone one. No silence check here: other agents' heartbeats
-        may be waiting unread behind this read (:meth:`_keep_alive` checks once the loop has read them)."""
+        may be waiting unread behind this read (:meth:`_keep_alive` checks, on its own clock, once the loop
+        has read them)."""
         if self._beat_due():
             for conn in self._proven():
                 conn.beat()
