@@ -60,6 +60,7 @@ GLOO_ABORT = Done(
     ],
 )
 OOM_KILLED = Done(exit_code=-9, ok=False, ended_at=T, tail=["step 20"])
+EXITED_3 = Done(exit_code=3, ok=False, ended_at=T)  # e.g. os._exit(3) in an atexit handler
 
 CASES = {
     "all ranks succeed": ([STARTED, RankSucceeded(0), RankSucceeded(1)], None, None),
@@ -180,6 +181,37 @@ CASES = {
         [STARTED, RankFailed(1, SPARK_TASK_1, boom(T)), Cancelled()],
         RankFailedError,
         "Horovod rank 1 of 2 failed: ValueError: boom",
+    ),
+    # a rank's main returned (RankSucceeded), then its process failed in its exit work (driver/exits.py)
+    "every rank returned: a failure in the exit work does not fail the run": (
+        [STARTED, RankSucceeded(0), RankSucceeded(1), RankFailed(1, SPARK_TASK_1, EXITED_3, after_return=True)],
+        None,
+        None,
+    ),
+    "cancel() during the exit work, after every rank returned, cancels the run": (
+        [STARTED, RankSucceeded(0), RankSucceeded(1), Cancelled(), RankFailed(0, SPARK_TASK_0, ENDED)],
+        RunCancelledError,
+        "the run was cancelled",
+    ),
+    "a rank that failed in its exit work is named over the shutdown errors it caused": (
+        [
+            STARTED,
+            RankSucceeded(1),
+            RankFailed(1, SPARK_TASK_1, EXITED_3, after_return=True),
+            RankFailed(0, SPARK_TASK_0, shut_down(T + 0.05)),
+        ],
+        RankFailedError,
+        "Horovod rank 1 of 2 failed: exited with code 3 without a Python exception (after its main returned",
+    ),
+    "a real failure is named over an earlier failure in a returned rank's exit work": (
+        [
+            STARTED,
+            RankSucceeded(1),
+            RankFailed(1, SPARK_TASK_1, EXITED_3, after_return=True),
+            RankFailed(0, SPARK_TASK_0, boom(T + 1)),
+        ],
+        RankFailedError,
+        "Horovod rank 0 of 2 failed: ValueError: boom",
     ),
 }
 

@@ -21,6 +21,7 @@ from airflow_provider_hvd.hooks.shared_session import shared_session
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
+from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.driver.progress import ProgressSink
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
 from airflow_provider_hvd.runner.driver.spark_cluster import default_executor_python, standalone_masters, summary
@@ -320,13 +321,14 @@ class HorovodHook(BaseHook):
         resume_from: dict[str, Any] | str | None = None,
         progress_sink: ProgressSink | None = None,
         stall_timeout: float | timedelta | None = None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
         slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from``,
-        ``progress_sink`` and ``stall_timeout`` are :class:`HorovodRunner`'s; the runner stays at
+        ``progress_sink``, ``stall_timeout`` and ``exit_timeout`` are :class:`HorovodRunner`'s; the runner stays at
         ``runner`` afterwards (its ``metrics`` and ``checkpoint``).
         """
         runner = HorovodRunner(
@@ -336,6 +338,7 @@ class HorovodHook(BaseHook):
             resume_from=resume_from,
             progress_sink=progress_sink,
             stall_timeout=stall_timeout,
+            exit_timeout=exit_timeout,
         )
         return self.run_job(runner, lambda: runner.run_with_args(python_callable, args, kwargs or {}), local=np < 0)
 

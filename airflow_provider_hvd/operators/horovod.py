@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import SparkUILink, TrainingJobOperator
+from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
 from airflow_provider_hvd.runner.runner import HorovodRunner
 
@@ -31,6 +32,9 @@ class HorovodRunnerOperator(TrainingJobOperator):
         progress for that long, the task log gets every rank's Python stacks, the ranks are ended and the task
         fails with :class:`RunStalledError` saying where each rank was. Airflow's ``execution_timeout`` and
         marking the task failed also log where the ranks were before ending them.
+    :param exit_timeout: seconds or a timedelta (default 120): once every rank's function returned, the task has
+        succeeded, and the ranks' exit work (``atexit`` handlers, trackers' flushes) may take this long; a rank
+        still exiting then is ended with a warning naming it, and the task still succeeds.
 
     Progress goes to the task state store while the job runs (Airflow 3.3+): rank 0's ``log_metrics``
     history under ``hvd_metrics``, the last ``report_checkpoint`` under ``hvd_checkpoint``. On a retry,
@@ -52,8 +56,10 @@ class HorovodRunnerOperator(TrainingJobOperator):
         spark_conf: dict[str, Any] | None = None,
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
+        self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
         super().__init__(
             python_callable=python_callable,
             op_args=op_args,
@@ -77,7 +83,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
         return self._np() < 0
 
     def make_runner(self, **common: Any) -> HorovodRunner:
-        return HorovodRunner(np=self._np(), **common)
+        return HorovodRunner(np=self._np(), exit_timeout=self.exit_timeout, **common)
 
     def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         return runner.run_with_args(self.python_callable, args, kwargs)

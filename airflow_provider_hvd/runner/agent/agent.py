@@ -42,6 +42,7 @@ from ..shared.messages import (
     RankState,
     RemoteError,
     Result,
+    Returned,
     Start,
     receive,
     send,
@@ -58,7 +59,7 @@ from .stacks import StackFile
 
 TAIL_LINES = 50
 CONNECT_TIMEOUT_S = 30.0
-EXIT_AFTER_REPORT_S = 10.0  # a rank that reported but does not exit is ended after this
+EXIT_AFTER_REPORT_S = 10.0  # a rank that raised but does not exit is ended after this (one that returned: exit_timeout)
 REPORT_DELIVERY_S = 600.0  # the most an agent waits for the driver to have its report (a large result, a slow link)
 _OUTPUT_DRAIN_S = 5.0  # after the reaper exited, output still held open by an escaped process is abandoned
 _MESSAGE_WAIT_S = 2.0  # a message is written before its marker: it is late only when the agent is starved
@@ -246,12 +247,13 @@ class _RankProcess:
             self.proc.kill()  # the rank dies with its reaper
 
     def wait(self) -> int:
-        """Wait for the rank to end; one that reported but does not exit is ended after a grace."""
+        """Wait for the rank to end; one that raised but does not exit is ended after a grace. One whose main
+        returned is waited for: the driver gives its exit work ``exit_timeout`` once every rank returned."""
         self.reported.wait()
         try:
-            code = self.proc.wait(EXIT_AFTER_REPORT_S)
+            code = self.proc.wait(None if self.result is not None else EXIT_AFTER_REPORT_S)
         except subprocess.TimeoutExpired:
-            self.terminate(f"it reported but had not exited {EXIT_AFTER_REPORT_S:.0f}s later")
+            self.terminate(f"it reported its error but had not exited {EXIT_AFTER_REPORT_S:.0f}s later")
             code = self.proc.wait()
         self._control_reader.join()
         self._output_reader.join(_OUTPUT_DRAIN_S)
@@ -292,6 +294,11 @@ def _run_rank(
         if args.activity_every_s
         else None
     )
+    rank_process.reported.wait()
+    if rank_process.result is not None:  # main returned: the driver hears it now, not once the exit work is done
+        if start.rank == 0:
+            send(stream, Result(rank_process.result))
+        send(stream, Returned())
     exit_code = rank_process.wait()
     if activity is not None:
         activity.stop()
@@ -299,8 +306,6 @@ def _run_rank(
     killed = exit_code < 0 and rank_process.terminated_by is None  # a signal the driver did not ask for
     kill_evidence = memory.evidence(exit_code, rank_process.stacks.pid) if killed else None
     memory.close()
-    if rank_process.result is not None and start.rank == 0:
-        send(stream, Result(rank_process.result))
     send(
         stream,
         Done(

@@ -52,6 +52,7 @@ class RankFailed:
     done: Done
     received_at: float | None = None  # when the driver got it (time.time()); its source time is in ``done``
     kill_evidence: dict[str, Any] | None = None  # killed by a signal the driver did not send: what was seen (.kills)
+    after_return: bool = False  # its main had returned: it failed in its exit work (see RunOutcome.record)
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,9 @@ class RunOutcome:
             if self.phase is not Phase.SETTLING and len(self.succeeded) == self.size:
                 self.phase = Phase.ENDING
             return self._decide_if_all_reported()
+        if isinstance(event, Cancelled) and self.phase is Phase.ENDING and self.cause is None:
+            self._end(event)  # every rank returned, and their exit work is cancelled: the run did not complete
+            return event
         if self.phase is Phase.ENDING:
             if isinstance(event, FAILURES):  # not LaunchFailed or Cancelled: the run's own doing, not worth a line
                 self.collateral.append(event)
@@ -201,6 +205,8 @@ class RunOutcome:
             return None
         if isinstance(event, FAILURES) and self.phase is not Phase.STARTING:
             self._candidates.append(event)
+            if isinstance(event, RankFailed) and event.after_return and self.phase is Phase.RUNNING:
+                return None  # its training was done: a cause only if the run fails otherwise (_first_failure)
             if self.phase is Phase.RUNNING:
                 self.phase = Phase.SETTLING
                 self.settle_until = (time.monotonic() if now is None else now) + self.settle_s
@@ -262,13 +268,15 @@ class RunOutcome:
         return self._decide()
 
     def _first_failure(self) -> Failure:
-        """The earliest real failure by its source time; the earliest consequence if none is real.
-        Failures without a time keep the order they arrived in, after those with one."""
+        """The earliest real failure by its source time; then the earliest of a rank that failed in its exit work
+        after its main returned (it may have brought Horovod down under the others); the earliest consequence if
+        neither. Failures without a time keep the order they arrived in, after those with one."""
 
-        def key(indexed: tuple[int, Failure]) -> tuple[bool, float, int]:
+        def key(indexed: tuple[int, Failure]) -> tuple[int, float, int]:
             index, event = indexed
             at = source_time(event)
-            return is_consequence_event(event), math.inf if at is None else at, index
+            after_return = isinstance(event, RankFailed) and event.after_return
+            return 2 if is_consequence_event(event) else int(after_return), math.inf if at is None else at, index
 
         return min(enumerate(self._candidates), key=key)[1]
 

@@ -156,6 +156,8 @@ def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None
     assert isinstance(cause, RankFailed)
     done = cause.done
     parts = [f"Horovod rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]
+    if cause.after_return:
+        parts[0] += " (after its main returned, in its exit work: atexit handlers...)"
     if cause.kill_evidence:
         parts.append(describe_kill(cause.kill_evidence))
     if is_consequence_event(cause):

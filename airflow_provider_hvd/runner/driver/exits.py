@@ -1,0 +1,38 @@
+"""A rank's exit work, after its ``main`` returned: ``exit_timeout``, the grace the driver gives it.
+
+Once a rank's ``main`` returned, its process still runs its exit work (``atexit`` handlers, an experiment
+tracker's flush, DataLoader workers, TensorBoard writers). Its agent tells the driver at once (``Returned``),
+and once every rank has returned the run has succeeded: the driver waits for the exit work up to
+``exit_timeout``, then ends the ranks still exiting, with a warning naming each.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+DEFAULT_EXIT_TIMEOUT_S = 120.0
+
+
+def check_exit_timeout(exit_timeout: float | timedelta) -> float:
+    """``exit_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
+    seconds = exit_timeout.total_seconds() if isinstance(exit_timeout, timedelta) else exit_timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise ValueError(
+            "exit_timeout must be a positive number of seconds (or a timedelta): how long the ranks' exit work "
+            f"(atexit handlers, trackers' flushes) may take once every rank returned; not {exit_timeout!r}"
+        )
+    return float(seconds)
+
+
+def still_exiting(rank: int | None, where: str, seconds: float) -> str:
+    """The warning about a rank ended because its exit work outlasted ``exit_timeout``."""
+    return (
+        f"HorovodRunner: rank {rank} {where} was still exiting {seconds:g}s after every rank returned "
+        "(exit_timeout): its exit work (atexit handlers, trackers' flushes...) is ended; the run succeeded"
+    )
+
+
+def exit_failed(rank: int | None, where: str, how: str) -> str:
+    """The warning about a rank whose process failed in its exit work, after its ``main`` returned."""
+    return f"HorovodRunner: rank {rank} {where} returned, then its process {how} in its exit work (atexit handlers...)"

@@ -1,0 +1,179 @@
+"""A rank's exit work after ``main`` returned (``exit_timeout``), and ``cancel()`` at every moment of a run."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from jobs import alive, assert_all_gone
+
+from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
+
+
+def return_then_exit_slowly(marker_dir: str, seconds: float, crash_rank: int = -1, fail_rank0: bool = False) -> int:
+    """Each rank returns at once, then its atexit handler works for ``seconds`` (``crash_rank`` then exits with 3).
+
+    With ``fail_rank0``, rank 0 raises once rank 1 is in its exit work.
+    """
+    import atexit
+    import os
+
+    rank = int(os.environ["HOROVOD_RANK"])
+
+    def exit_work() -> None:
+        Path(marker_dir, f"exiting-{rank}").write_text(str(os.getpid()))
+        time.sleep(seconds)
+        Path(marker_dir, f"exited-{rank}").write_text("")
+        if rank == crash_rank:
+            os._exit(3)
+
+    if not (fail_rank0 and rank == 0):  # (a rank that raised is ended 10 s after its report if it does not exit)
+        atexit.register(exit_work)
+    if fail_rank0 and rank == 0:
+        while not Path(marker_dir, "exiting-1").exists():
+            time.sleep(0.05)
+        raise ValueError("rank 0 failed after rank 1 returned")
+    return 42 + rank
+
+
+def _exiting_pids(marker_dir: Path, ranks: int = 2, timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = [marker_dir / f"exiting-{rank}" for rank in range(ranks)]
+        if all(file.exists() and file.read_text() for file in files):
+            return [int(file.read_text()) for file in files]
+        time.sleep(0.05)
+    raise TimeoutError("the ranks did not reach their exit work")
+
+
+# exit work: exit_timeout
+
+
+def test_exit_work_longer_than_the_old_10s_is_waited_for(tmp_path):
+    """Before: RankFailedError ("it reported but had not exited 10s later") after 12.6 s, the exit work killed."""
+    started = time.monotonic()
+    assert HorovodRunner(np=-2).run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=11) == 42
+    assert (tmp_path / "exited-0").exists() and (tmp_path / "exited-1").exists()  # the exit work ran to its end
+    assert time.monotonic() - started >= 11
+
+
+def test_a_rank_still_exiting_after_exit_timeout_is_ended_with_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="airflow_provider_hvd")
+    started = time.monotonic()
+    runner = HorovodRunner(np=-2, exit_timeout=timedelta(seconds=2))
+    assert runner.run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=600) == 42
+    took = time.monotonic() - started
+    pids = [int((tmp_path / f"exiting-{rank}").read_text()) for rank in range(2)]
+    assert_all_gone(pids, within=5)
+    assert 2 <= took < 30, took
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for rank in (0, 1):
+        assert any(f"rank {rank} " in text and "still exiting 2s after" in text for text in warnings), warnings
+
+
+def test_a_rank_whose_exit_fails_after_every_rank_returned_does_not_fail_the_run(tmp_path, caplog):
+    """Before: RankFailedError ("rank 1 ... exited with code 3 without a Python exception") for a finished run."""
+    caplog.set_level(logging.WARNING, logger="airflow_provider_hvd")
+    assert HorovodRunner(np=-2).run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=1, crash_rank=1) == 42
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("rank 1 " in text and "exited with code 3" in text and "returned" in text for text in warnings), warnings
+
+
+def test_a_rank_that_fails_after_a_peer_returned_ends_the_peers_exit_work(tmp_path):
+    """The peer that returned is not waited for: the run failed, its exit work is ended with it."""
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match="rank 0 of 2 failed: ValueError: rank 0 failed after rank 1 returned"):
+        HorovodRunner(np=-2).run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=600, fail_rank0=True)
+    assert time.monotonic() - started < 30  # not rank 1's 600 s of exit work, nor exit_timeout
+    assert_all_gone([int((tmp_path / "exiting-1").read_text())], within=5)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "120", float("nan"), True, timedelta(0)])
+def test_a_bad_exit_timeout_is_refused(bad):
+    with pytest.raises(ValueError, match="exit_timeout must be a positive number of seconds"):
+        HorovodRunner(np=-2, exit_timeout=bad)
+
+
+def test_exit_timeout_reaches_the_runner_from_the_operator():
+    from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
+
+    with pytest.raises(ValueError, match="exit_timeout must be a positive number of seconds"):
+        HorovodRunnerOperator(task_id="t", python_callable=print, np=2, exit_timeout=-5)
+    operator = HorovodRunnerOperator(task_id="t", python_callable=print, np=2, exit_timeout=timedelta(minutes=5))
+    assert operator.exit_timeout == 300.0
+    assert HorovodRunner(np=2).exit_timeout == 120.0
+
+
+# cancel() at every moment
+
+
+class BlocksWhilePickled:
+    """An argument whose pickling waits for the test: ``pickling`` is set once it started, ``go`` lets it end."""
+
+    def __init__(self) -> None:
+        self.pickling = threading.Event()
+        self.go = threading.Event()
+
+    def __reduce__(self):
+        self.pickling.set()
+        assert self.go.wait(60), "the test did not let the pickling end"
+        return (str, ("pickled",))
+
+
+def write_marker(marker: str, blocker: object = None) -> int:
+    Path(marker).write_text("main ran")
+    return 1
+
+
+def _run_in_thread(run) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = run()
+        except BaseException as exc:  # noqa: BLE001 - the test checks which
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("door", ["runner", "hook"])
+def test_cancel_while_the_job_is_pickled_ends_the_run_before_main(tmp_path, door):
+    """Before: run() returned normally and main ran (the cancel came before the run was registered)."""
+    marker, blocker = tmp_path / "ran", BlocksWhilePickled()
+    if door == "runner":
+        runner = HorovodRunner(np=-2)
+        thread, outcome = _run_in_thread(lambda: runner.run(write_marker, marker=str(marker), blocker=blocker))
+        cancel = runner.cancel
+    else:
+        from airflow_provider_hvd.hooks.horovod import HorovodHook
+
+        hook = HorovodHook()
+        kwargs = {"marker": str(marker), "blocker": blocker}
+        thread, outcome = _run_in_thread(lambda: hook.run(write_marker, kwargs=kwargs, np=-2))
+        cancel = hook.cancel
+    assert blocker.pickling.wait(60)
+    cancel()
+    blocker.go.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), RunCancelledError), outcome
+    assert not marker.exists(), "main ran"
+
+
+def test_cancel_during_the_ranks_exit_work_ends_them_and_raises(tmp_path):
+    runner = HorovodRunner(np=-2)
+    thread, outcome = _run_in_thread(lambda: runner.run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=600))
+    pids = _exiting_pids(tmp_path)
+    runner.cancel()
+    thread.join(30)
+    assert not thread.is_alive(), "run() did not end within 30 s of cancel()"
+    assert isinstance(outcome.get("error"), RunCancelledError), outcome
+    assert_all_gone(pids, within=5)
+    assert not [pid for pid in pids if alive(pid)]
