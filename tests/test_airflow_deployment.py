@@ -19,7 +19,7 @@ from jobs import alive, wait_for_pids
 from spark_cluster import free_port
 
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
-DAGS = [EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts"]
+DAGS = [EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry"]
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,20 @@ def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(
     assert not [pid for pid in pids if alive(pid)], "rank processes outlived the task marked failed"
     assert active_apps(standalone_cluster) == [], "the task's Spark application outlived it"
     assert airflow.wait_for_run("hvd_on_kill", run_id, timeout=60) == "failed"
+
+
+def test_a_torch_distributed_task_names_its_failed_rank_and_resumes_on_its_retry(airflow, standalone_cluster, tmp_path):
+    dag_id, task_id = "torch_resume_on_retry", "train_resumable"
+    run_id = airflow.trigger(dag_id, {"ckpt_dir": str(tmp_path)})
+    state = airflow.wait_for_run(dag_id, run_id, timeout=300)
+    first, second = (airflow.task_log(dag_id, run_id, task_id, n) for n in (1, 2))
+    assert state == "success", log_text(first + second)
+    first_text = log_text(first)
+    assert "rank 1 of 2 failed" in first_text and "rank 1 lost its shard on the first try" in first_text, first_text
+    # the retry resumed from the checkpoint the first try reported after epoch 2, and pushed rank 0's value
+    assert airflow.xcom(dag_id, run_id, task_id) == {"resumed_from": 2, "size": 2}
+    link = airflow.extra_links(dag_id, run_id, task_id)["Spark UI"]
+    assert link.startswith(f"{standalone_cluster.web_ui}/app/?appId=app-"), link
 
 
 def test_a_task_runs_its_ranks_on_the_spark_workers_of_two_hosts(airflow, hosts):

@@ -51,3 +51,37 @@ with DAG("hvd_on_hosts", schedule=None, start_date=START, catchup=False):
         return {"hosts": hvd.allgather_object(socket.gethostname()), "sum": total}
 
     where_ranks_run()
+
+
+with DAG("torch_resume_on_retry", schedule=None, start_date=START, catchup=False, params={"ckpt_dir": ""}):
+
+    @task.torch_distributed(
+        num_processes=2, local_mode=False, use_gpu=False, retries=1, retry_delay=timedelta(seconds=1)
+    )
+    def train_resumable(ckpt_dir: str, attempt: str) -> dict:
+        """torch.distributed processes on the cluster; rank 0 reports a checkpoint after each of 2 epochs, then, on
+        the first try, rank 1 fails; the retry resumes from the last checkpoint and finishes epochs 3 and 4."""
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from airflow_provider_hvd import last_checkpoint, log_metrics, report_checkpoint
+
+        dist.init_process_group("gloo")
+        resumed = last_checkpoint()
+        first = resumed["epoch"] + 1 if resumed else 1
+        for epoch in range(first, 5):
+            if int(attempt) == 1 and epoch == 3 and dist.get_rank() == 1:
+                raise RuntimeError("rank 1 lost its shard on the first try")
+            total = torch.tensor([1.0])
+            dist.all_reduce(total)
+            if dist.get_rank() == 0:
+                log_metrics(epoch, loss=1.0 / epoch)
+                path = os.path.join(ckpt_dir, f"epoch-{epoch}.txt")
+                with open(path, "w") as out:
+                    out.write(str(epoch))
+                report_checkpoint(path, epoch=epoch)
+        return {"resumed_from": resumed["epoch"] if resumed else None, "size": int(total.item())}
+
+    train_resumable(ckpt_dir="{{ params.ckpt_dir }}", attempt="{{ ti.try_number }}")
