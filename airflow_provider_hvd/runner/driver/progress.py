@@ -2,12 +2,15 @@
 
 Ranks report with ``log_metrics`` and ``report_checkpoint`` (:mod:`..rank.progress`); the channel's loop hands
 each report here (:meth:`RunProgress.take`). A :class:`ProgressSink` (the Airflow layer's task state store)
-gets a snapshot at most once every ``interval_s`` while the run goes on (:meth:`RunProgress.tick`, from the
-supervisor's thread) and the last one at the end (:meth:`RunProgress.flush`).
+gets a snapshot at most once every ``interval_s`` while the run goes on and the last one at the end
+(:meth:`RunProgress.flush`). The writes happen on their own thread, ``hvd-progress-writer``, so that a store
+that hangs never holds up the supervisor (abort, cancel, stall and start checks) nor the run's outcome for
+more than ``FINAL_WRITE_S``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -25,6 +28,15 @@ MAX_POINTS = 1000  # per metric, kept on the driver
 MAX_METRICS = 64  # names kept; more are counted, not kept
 SNAPSHOT_MAX_BYTES = 60_000  # a snapshot as JSON: under the task state store's 65,535-byte values
 FORMAT_VERSION = 1
+
+# The write worker's timings. A write that fails stays due and is tried again RETRY_FIRST_S later, then after
+# twice as long each time up to RETRY_MAX_S: a store briefly unreachable gets the value moments later, one down
+# for long is not hammered. At the run's end (flush) what is due is written at once and retried for at most
+# FINAL_WRITE_S: the run's outcome waits no longer than that on a store that does not answer (Airflow's client
+# retries for minutes while the API server is unreachable); then the write is abandoned with one warning.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
+FINAL_WRITE_S = 5.0
 
 Point = tuple[float, float | None]
 
@@ -180,8 +192,23 @@ def resume_value(resume_from: Mapping[str, Any] | str | None) -> dict[str, Any] 
     return value
 
 
+@dataclasses.dataclass
+class _Due:
+    """One key's write state: whether a newer value waits, when it was last tried, when it may be tried again."""
+
+    dirty: bool = False
+    tried_at: float = float("-inf")
+    retry_at: float = float("-inf")
+    failures: int = 0
+
+
 class RunProgress:
-    """One run's progress: the metrics history of ``rank``, the last checkpoint, and their writes to ``sink``."""
+    """One run's progress: the metrics history of ``rank``, the last checkpoint, and their writes to ``sink``.
+
+    The writes go through one worker thread, ``hvd-progress-writer``: started by the first :meth:`tick`,
+    ended by :meth:`flush` (at once when nothing is due, else within ``FINAL_WRITE_S``; a write hung in the
+    sink then is abandoned, and the thread ends when the sink returns).
+    """
 
     def __init__(
         self,
@@ -197,10 +224,12 @@ class RunProgress:
         self._sink = sink
         self._interval_s = interval_s
         self._lock = threading.Lock()
-        self._metrics_dirty = False
-        self._checkpoint_dirty = False
-        self._written_at = {"metrics": float("-inf"), "checkpoint": float("-inf")}
-        self._sink_failed = False
+        self._due = {"checkpoint": _Due(), "metrics": _Due()}  # the checkpoint first: see _write_due
+        self._wake = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._final_deadline: float | None = None  # set by flush: the worker writes what is left, then ends
+        self._writing: str | None = None  # the key whose write is in the sink now
+        self._warned = False
 
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets: the checkpoint they resume from."""
@@ -213,51 +242,127 @@ class RunProgress:
                 if rank == self.rank:
                     with self._lock:
                         self.history.add(message.step, message.values, message.time)
-                        self._metrics_dirty = True
+                        self._due["metrics"].dirty = True
             elif isinstance(message, Checkpoint):
                 record = checkpoint_record(rank, message)
                 with self._lock:
                     self.checkpoint = record
-                    self._checkpoint_dirty = True
+                    self._due["checkpoint"].dirty = True
                 log.info("HorovodRunner: rank %s reported the checkpoint %s", rank, describe_checkpoint(record))
         except Exception:  # noqa: BLE001
             log.exception("HorovodRunner: could not take a progress report of rank %s", rank)
 
     def tick(self) -> None:
-        """Write to the sink what changed, each key at most once every ``interval_s`` (the supervisor's loop)."""
-        self._write(force=False)
-
-    def flush(self) -> None:
-        """Write what is left (the run ended)."""
-        self._write(force=True)
-
-    def _write(self, force: bool) -> None:
+        """Let the write worker write what changed, each key at most once every ``interval_s`` (the
+        supervisor's loop); never waits on the sink."""
         if self._sink is None:
             return
-        now = time.monotonic()
-
-        def due(key: str) -> bool:
-            return force or now - self._written_at[key] >= self._interval_s
-
         with self._lock:
-            checkpoint = (
-                dict(self.checkpoint) if self.checkpoint and self._checkpoint_dirty and due("checkpoint") else None
+            if self._worker is None and self._final_deadline is None:
+                self._worker = threading.Thread(target=self._write_loop, name="hvd-progress-writer", daemon=True)
+                self._worker.start()
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Write what is left (the run ended), waiting at most ``FINAL_WRITE_S`` on the sink; never raises."""
+        if self._sink is None:
+            return
+        with self._lock:
+            if self._final_deadline is not None:
+                return
+            self._final_deadline = time.monotonic() + FINAL_WRITE_S
+            for due in self._due.values():
+                due.retry_at = float("-inf")  # the last chance: no backoff
+            worker = self._worker
+            if worker is None and any(due.dirty for due in self._due.values()):
+                worker = self._worker = threading.Thread(
+                    target=self._write_loop, name="hvd-progress-writer", daemon=True
+                )
+                worker.start()
+        if worker is None:
+            return
+        self._wake.set()
+        worker.join(FINAL_WRITE_S + 0.5)
+        if worker.is_alive():
+            with self._lock:
+                left = [key for key, due in self._due.items() if due.dirty or key == self._writing]
+                self._warned = True  # the one warning: nothing more is said of a write that ends later
+            log.warning(
+                "HorovodRunner: the run's progress store did not answer within %.0fs of the run's end: gave up "
+                "on its write (the run's last %s may not be recorded)",
+                FINAL_WRITE_S,
+                " and ".join(left) or "progress",
             )
-            max_bytes = getattr(self._sink, "max_bytes", SNAPSHOT_MAX_BYTES)
-            snapshot = (
-                self.history.snapshot(max_bytes, rank=self.rank) if self._metrics_dirty and due("metrics") else None
-            )
-            if checkpoint is not None:
-                self._checkpoint_dirty, self._written_at["checkpoint"] = False, now
-            if snapshot is not None:
-                self._metrics_dirty, self._written_at["metrics"] = False, now
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._lock:
+                deadline = self._final_deadline
+                wait = self._next_due(time.monotonic())
+            if deadline is not None and (wait is None or time.monotonic() >= deadline):
+                return  # written, or out of time
+            if wait is None or wait > 0:
+                if deadline is not None:
+                    wait = min(wait if wait is not None else FINAL_WRITE_S, deadline - time.monotonic())
+                self._wake.wait(wait)
+                self._wake.clear()
+            self._write_due()
+
+    def _next_due(self, now: float) -> float | None:
+        """Seconds until a key is due (0: now), None when none waits (under the lock)."""
+        closing = self._final_deadline is not None
+        times = [
+            due.retry_at if closing else max(due.tried_at + self._interval_s, due.retry_at)
+            for due in self._due.values()
+            if due.dirty
+        ]
+        return max(0.0, min(times) - now) if times else None
+
+    def _write_due(self) -> None:
+        assert self._sink is not None
+        writes = {"checkpoint": self._sink.checkpoint, "metrics": self._sink.metrics}
         # the checkpoint first: a run that fails right after reporting one must leave it behind
-        for write, value in ((self._sink.checkpoint, checkpoint), (self._sink.metrics, snapshot)):
+        for key, due in self._due.items():
+            now = time.monotonic()
+            with self._lock:
+                closing = self._final_deadline is not None
+                ready = due.retry_at if closing else max(due.tried_at + self._interval_s, due.retry_at)
+                if not due.dirty or now < ready:
+                    continue
+                if key == "checkpoint":
+                    value = dict(self.checkpoint) if self.checkpoint is not None else None
+                else:
+                    max_bytes = getattr(self._sink, "max_bytes", SNAPSHOT_MAX_BYTES)
+                    value = self.history.snapshot(max_bytes, rank=self.rank)
+                due.dirty, due.tried_at = False, now
             if value is None:
                 continue
+            self._writing = key
             try:
-                write(value)
+                writes[key](value)
             except Exception as exc:  # noqa: BLE001 - progress is best effort: the training goes on
-                if not self._sink_failed:
-                    log.warning("HorovodRunner: could not record the run's progress: %r", exc, exc_info=True)
-                self._sink_failed = True
+                with self._lock:
+                    self._writing = None
+                    due.dirty = True  # still due: tried again after the backoff
+                    due.failures += 1
+                    backoff = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (due.failures - 1))
+                    due.retry_at = time.monotonic() + backoff
+                    warn, self._warned = not self._warned, True
+                if warn:
+                    log.warning(
+                        "HorovodRunner: could not record the run's progress (%s): %r; it is tried again "
+                        "(every %.0f-%.0fs, and at the run's end), the training goes on",
+                        key,
+                        exc,
+                        RETRY_FIRST_S,
+                        RETRY_MAX_S,
+                        exc_info=True,
+                    )
+                else:
+                    log.debug("HorovodRunner: could not record the run's %s (try %d): %r", key, due.failures, exc)
+            else:
+                with self._lock:
+                    self._writing = None
+                    failures, due.failures, due.retry_at = due.failures, 0, float("-inf")
+                if failures:
+                    log.info("HorovodRunner: the run's %s is recorded (after %d failed tries)", key, failures)
