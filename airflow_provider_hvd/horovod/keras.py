@@ -8,6 +8,7 @@ Keras integration needs): they implement the callback protocol both call rather 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -168,7 +169,9 @@ class CheckpointCallback(_Callback):
             model = keras.models.load_model(ckpt["path"])
         model.fit(..., initial_epoch=ckpt["epoch"] if ckpt else 0, callbacks=[CheckpointCallback(path)])
 
-    A path ending in ``.weights.h5`` saves the weights only (``model.load_weights`` then).
+    A path ending in ``.weights.h5`` saves the weights only (``model.load_weights`` then). Each save goes to a
+    temporary name in the same folder, then replaces ``path`` at once: a rank killed mid-save never leaves a
+    half-written file where the last checkpoint reported points.
     """
 
     def __init__(self, path: str, every: int = 1) -> None:
@@ -183,9 +186,19 @@ class CheckpointCallback(_Callback):
         if done % self.every or not _is_rank0():
             return
         path = self.path.format(epoch=done)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if path.endswith(".weights.h5"):
-            self.model.save_weights(path)
-        else:
-            self.model.save(path)
+        folder, name = os.path.split(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        # saved beside it under a temporary name (same folder: same file system), then renamed over it: a rank
+        # killed mid-save leaves the checkpoint reported before whole (the name keeps the suffix Keras checks)
+        partial = os.path.join(folder, f".{os.getpid()}-partial-{name}")
+        try:
+            if path.endswith(".weights.h5"):
+                self.model.save_weights(partial)
+            else:
+                self.model.save(partial)
+            os.replace(partial, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(partial)
+            raise
         report_checkpoint(path, epoch=done)
