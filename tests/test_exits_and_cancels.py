@@ -14,8 +14,11 @@ from jobs import alive, assert_all_gone
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
 
 
-def return_then_exit_slowly(marker_dir: str, seconds: float, crash_rank: int = -1, fail_rank0: bool = False) -> int:
-    """Each rank returns at once, then its atexit handler works for ``seconds`` (``crash_rank`` then exits with 3).
+def return_then_exit_slowly(
+    marker_dir: str, seconds: float | dict[int, float], crash_rank: int = -1, fail_rank0: bool = False
+) -> int:
+    """Each rank returns at once, then its atexit handler works for ``seconds`` (or ``seconds[rank]``, else 0.5);
+    ``crash_rank`` then exits with 3.
 
     With ``fail_rank0``, rank 0 raises once rank 1 is in its exit work.
     """
@@ -23,10 +26,11 @@ def return_then_exit_slowly(marker_dir: str, seconds: float, crash_rank: int = -
     import os
 
     rank = int(os.environ["HOROVOD_RANK"])
+    exit_s = seconds.get(rank, 0.5) if isinstance(seconds, dict) else seconds
 
     def exit_work() -> None:
         Path(marker_dir, f"exiting-{rank}").write_text(str(os.getpid()))
-        time.sleep(seconds)
+        time.sleep(exit_s)
         Path(marker_dir, f"exited-{rank}").write_text("")
         if rank == crash_rank:
             os._exit(3)
@@ -90,6 +94,19 @@ def test_a_rank_that_fails_after_a_peer_returned_ends_the_peers_exit_work(tmp_pa
         HorovodRunner(np=-2).run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=600, fail_rank0=True)
     assert time.monotonic() - started < 30  # not rank 1's 600 s of exit work, nor exit_timeout
     assert_all_gone([int((tmp_path / "exiting-1").read_text())], within=5)
+
+
+def test_on_spark_exit_work_is_waited_for_and_a_rank_still_exiting_is_ended(spark_local, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="airflow_provider_hvd")
+    runner = HorovodRunner(np=2, exit_timeout=4)
+    assert runner.run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds={0: 1, 1: 600}) == 42
+    assert (tmp_path / "exited-0").exists() and not (tmp_path / "exited-1").exists()
+    assert_all_gone([int((tmp_path / f"exiting-{rank}").read_text()) for rank in range(2)], within=5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [text for text in warnings if "still exiting" in text and "rank 1 in Spark task 1" in text], warnings
+    assert not [text for text in warnings if "rank 0 " in text], warnings
+    tracker = spark_local.sparkContext.statusTracker()
+    assert not tracker.getActiveJobsIds()
 
 
 @pytest.mark.parametrize("bad", [0, -1, "120", float("nan"), True, timedelta(0)])
@@ -165,6 +182,28 @@ def test_cancel_while_the_job_is_pickled_ends_the_run_before_main(tmp_path, door
     assert not thread.is_alive()
     assert isinstance(outcome.get("error"), RunCancelledError), outcome
     assert not marker.exists(), "main ran"
+
+
+class _CancelAtLaunch(logging.Handler):
+    def __init__(self, runner: HorovodRunner) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "driver channel on" in record.getMessage():  # logged as the launch begins, before any rank starts
+            self.runner.cancel()
+
+
+def test_cancel_during_the_launch_ends_the_run_before_main(tmp_path):
+    runner = HorovodRunner(np=-2)
+    handler, logger = _CancelAtLaunch(runner), logging.getLogger("airflow_provider_hvd.runner")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(RunCancelledError, match="the run was cancelled"):
+            runner.run(write_marker, marker=str(tmp_path / "ran"))
+    finally:
+        logger.removeHandler(handler)
+    assert not (tmp_path / "ran").exists(), "main ran"
 
 
 def test_cancel_during_the_ranks_exit_work_ends_them_and_raises(tmp_path):
