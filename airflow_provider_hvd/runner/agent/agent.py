@@ -20,9 +20,11 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from .. import reaper
 from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
@@ -55,6 +57,7 @@ from .kill_evidence import MemoryWatch
 from .liveness import DriverWatch
 from .rank_env import rank_environment
 from .relay import Outbox, OutputSplitter, Piece
+from .reports import ReportSender
 from .stacks import StackFile
 
 TAIL_LINES = 50
@@ -84,13 +87,21 @@ class AgentArgs:
     tls_fingerprint: str | None = None  # the channel is TLS: the SHA-256 of the driver's certificate (..shared.tls)
 
 
+class AgentThreadFailed(RuntimeError):
+    """A thread of the agent failed unexpectedly: the agent ended its rank, and reports this instead of how it ended."""
+
+
 class _RankProcess:
     """The rank process (under its reaper), its output relay and its control pipe."""
 
-    def __init__(self, rank: int, env: dict[str, str], job: bytes, args: AgentArgs, outbox: Outbox) -> None:
+    def __init__(
+        self, rank: int, env: dict[str, str], job: bytes, args: AgentArgs, outbox: Outbox, reports: ReportSender
+    ) -> None:
         self.rank = rank
         self._args = args
         self._outbox = outbox
+        self._reports = reports
+        self.failure: AgentThreadFailed | None = None  # the first unexpected error in one of the agent's threads
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.result: bytes | None = None
         self.error: RemoteError | None = None
@@ -134,10 +145,10 @@ class _RankProcess:
             os.close(ctl_write)
             os.close(out_write)
         self._output_reader = threading.Thread(
-            target=self._relay_output, args=(out_read,), name=f"hvd-rank{rank}-output", daemon=True
+            target=self.guarded, args=(self._relay_output, out_read), name=f"hvd-rank{rank}-output", daemon=True
         )
         self._control_reader = threading.Thread(
-            target=self._read_control, args=(ctl_read,), name=f"hvd-rank{rank}-control", daemon=True
+            target=self.guarded, args=(self._read_control, ctl_read), name=f"hvd-rank{rank}-control", daemon=True
         )
         self._output_reader.start()
         self._control_reader.start()
@@ -147,6 +158,23 @@ class _RankProcess:
             self.proc.stdin.close()
         except BrokenPipeError:
             pass  # it died at once; its exit code tells
+
+    def guarded(self, body: Callable[[int], None], fd: int) -> None:
+        """``body(fd)`` as an agent thread: an unexpected error in it ends the rank (:meth:`fail`)."""
+        try:
+            body(fd)
+        except Exception as exc:  # noqa: BLE001 - a bug or an unexpected input: the rank must not go on unwatched
+            self.fail(exc)
+
+    def fail(self, exc: Exception) -> None:
+        """An agent thread failed unexpectedly: end the rank; the agent reports the failure (AgentFailed)."""
+        name = threading.current_thread().name
+        sys.stderr.write(f"HorovodRunner agent of rank {self.rank}: its thread {name} failed:\n")
+        traceback.print_exception(exc, file=sys.stderr)
+        if self.failure is None:
+            self.failure = AgentThreadFailed(f"its thread {name} failed: {type(exc).__name__}: {exc}")
+            self.failure.__cause__ = exc
+        self.terminate(f"the agent's thread {name} failed: {type(exc).__name__}: {exc}")
 
     def _echo(self, text: str, relayed: bool) -> None:
         if self._args.echo_output and (self._args.echo_relayed or not relayed):
@@ -200,7 +228,7 @@ class _RankProcess:
                 message = receive(control)
                 self.last_active = time.monotonic()
                 if isinstance(message, (RankMetrics, RankCheckpoint)):  # progress: relayed as it comes
-                    self._outbox.send_now(message.relayed())
+                    self._reports.put(message.relayed())  # never waits on the link: the pipe is always read
                     continue
                 if isinstance(message, RankReady):
                     self.stacks.ready(message)
@@ -218,7 +246,7 @@ class _RankProcess:
                         self._messages_cond.notify_all()
                     continue
                 if isinstance(message, Result):
-                    self.result = message.data
+                    self.result = cast(bytes, message.data)  # (read whole from the pipe: FrameStream.recv)
                 elif isinstance(message, RankError):
                     self.error = message.error
                 self.reported.set()
@@ -272,11 +300,14 @@ def _watch_driver(watch: DriverWatch, rank_process: _RankProcess) -> None:
         reason = message.reason if isinstance(message, Abort) else f"unexpected {type(message).__name__}"
     except (ConnectionClosed, OSError):
         reason = watch.silent_reason or "lost the connection to the driver"
+    except Exception as exc:  # noqa: BLE001 - a frame it cannot read, or a bug: nothing would act on Abort now
+        rank_process.fail(exc)
+        return
     rank_process.terminate(reason)
     try:
         while True:  # the driver's heartbeats go on until it has the agent's report
             watch.receive()
-    except (ConnectionClosed, OSError, ValueError):
+    except Exception:  # noqa: BLE001, S110 - the stream's end, whatever it looks like: the rank is ended already
         pass
 
 
@@ -285,8 +316,9 @@ def _run_rank(
 ) -> threading.Thread:
     env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
     outbox = Outbox(stream)
+    reports = ReportSender(stream, start.rank)
     memory = MemoryWatch()  # before the rank starts: an OOM kill while it runs shows as a difference
-    rank_process = _RankProcess(start.rank, env, read_job(), args, outbox)  # the job is not kept once written
+    rank_process = _RankProcess(start.rank, env, read_job(), args, outbox, reports)  # the job is not kept once written
     watcher = threading.Thread(target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True)
     watcher.start()
     activity = (
@@ -303,6 +335,10 @@ def _run_rank(
     if activity is not None:
         activity.stop()
     outbox.close()
+    reports.close()  # (after the lines: each message reaches the driver before the agent's report)
+    if rank_process.failure is not None:  # the agent ended the rank: its own failure is the report
+        send(stream, AgentFailed(RemoteError.of(rank_process.failure)))
+        return watcher
     killed = exit_code < 0 and rank_process.terminated_by is None  # a signal the driver did not ask for
     kill_evidence = memory.evidence(exit_code, rank_process.stacks.pid) if killed else None
     memory.close()

@@ -17,6 +17,8 @@ from ..shared.liveness import Liveness
 from ..shared.messages import AgentAlive, DriverAlive, Message, receive, send
 from ..shared.wire import FrameStream
 
+_PEER_CLOSED = getattr(select, "POLLRDHUP", 0) | select.POLLHUP  # (POLLRDHUP: Linux; elsewhere POLLHUP only)
+
 
 class DriverWatch:
     def __init__(self, stream: FrameStream, sock: socket.socket, liveness: Liveness) -> None:
@@ -52,11 +54,13 @@ class DriverWatch:
                 return  # the connection is closed: the agent's readers see it
 
     def _pending(self) -> bool:
-        """Bytes from the driver wait to be read (the agent was busy, not the driver silent)."""
+        """Bytes from the driver wait to be read (the agent was busy, not the driver silent). Not once the driver
+        closed its end: then nothing more comes, whatever is left unread (a reader that stopped reading must not
+        keep the rank alive)."""
         try:
             poller = select.poll()
-            poller.register(self._sock, select.POLLIN)
-            return bool(poller.poll(0))
+            poller.register(self._sock, select.POLLIN | _PEER_CLOSED)
+            return any(events & select.POLLIN and not events & _PEER_CLOSED for _, events in poller.poll(0))
         except (OSError, ValueError):
             return False
 
