@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from .driver.local_launch import LocalLauncher
 from .driver.progress import ProgressSink
 from .driver.slots import DEFAULT_SLOT_WAIT_S, TASK_GPUS
@@ -52,6 +53,7 @@ class TorchDistributor(_Runner):
     :param resume_from: as :class:`HorovodRunner`'s.
     :param progress_sink: as :class:`HorovodRunner`'s.
     :param stall_timeout: as :class:`HorovodRunner`'s.
+    :param exit_timeout: as :class:`HorovodRunner`'s.
 
     After :meth:`run` (also one that raised), ``metrics`` and ``checkpoint`` are as :class:`HorovodRunner`'s.
     """
@@ -67,10 +69,11 @@ class TorchDistributor(_Runner):
         resume_from: dict[str, Any] | str | None = None,
         progress_sink: ProgressSink | None = None,
         stall_timeout: float | timedelta | None = None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
     ) -> None:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
             raise ValueError(f"num_processes has to be a positive integer, not {num_processes!r}")
-        self._settings(driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout)
+        self._settings(driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout)
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)

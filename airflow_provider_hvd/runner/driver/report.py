@@ -51,10 +51,10 @@ def ranks_text(ranks: tuple[int, ...]) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-def host_lost_text(cause: HostLost, size: int) -> str:
+def host_lost_text(cause: HostLost, size: int, kind: str = "Horovod") -> str:
     agents = "its agent" if len(cause.ranks) == 1 else "any of their agents"
     return (
-        f"Horovod {ranks_text(cause.ranks)} of {size} failed: their host {cause.host()} was lost: "
+        f"{kind} {ranks_text(cause.ranks)} of {size} failed: their host {cause.host()} was lost: "
         f"nothing heard from {agents} {cause.detail}"
     )
 
@@ -110,8 +110,11 @@ def _other_line(event: Event, cause: Event | None) -> str | None:
     return None
 
 
-def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None) -> HorovodRunnerError | None:
-    """The error the run raises (None: it succeeded). ``spark_reason`` says why Spark ended a task, if known."""
+def run_error(
+    outcome: RunOutcome, spark_reason: SparkReason = lambda task: None, kind: str = "Horovod"
+) -> HorovodRunnerError | None:
+    """The error the run raises (None: it succeeded). ``spark_reason`` says why Spark ended a task, if known;
+    ``kind`` names the ranks (``"Horovod rank 1 of 2 failed"``, ``"torch.distributed rank 1 of 2 failed"``)."""
     cause, others = outcome.verdict()
     if cause is None:
         return None
@@ -145,24 +148,25 @@ def run_error(outcome: RunOutcome, spark_reason: SparkReason = lambda task: None
         if before_start or cause.rank is None:
             return LaunchError(f"{who(cause.rank, cause.where)} lost its agent {cause.where}: {reason}")
         text = (
-            f"Horovod rank {cause.rank} of {outcome.size} failed: its agent {cause.where} was lost "
+            f"{kind} rank {cause.rank} of {outcome.size} failed: its agent {cause.where} was lost "
             f"(its Spark task, executor or host died): {reason}"
         )
         return _rank_failed(cause.rank, text, lines, exit_code=None, traceback=None, tail=[])
     if isinstance(cause, HostLost):
         return _rank_failed(
-            cause.rank, host_lost_text(cause, outcome.size), lines, exit_code=None, traceback=None, tail=[]
+            cause.rank, host_lost_text(cause, outcome.size, kind), lines, exit_code=None, traceback=None, tail=[]
         )
     assert isinstance(cause, RankFailed)
     done = cause.done
-    parts = [f"Horovod rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]
+    parts = [f"{kind} rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]
     if cause.after_return:
         parts[0] += " (after its main returned, in its exit work: atexit handlers...)"
     if cause.kill_evidence:
         parts.append(describe_kill(cause.kill_evidence))
     if is_consequence_event(cause):
+        reaction = "Horovod was shut down under this rank" if kind == "Horovod" else f"{kind} lost a peer of this rank"
         parts.append(
-            "(Horovod was shut down under this rank, and no rank reported a failure of its own: a rank's process "
+            f"({reaction}, and no rank reported a failure of its own: a rank's process "
             "or host may have died without a trace; see the other ranks below and the executors' logs)"
         )
     if done.error:

@@ -138,7 +138,7 @@ class Supervisor:
                 raise
         finally:
             self._clean_up(channel)
-        error = run_error(self._outcome, self.launcher.task_failure)
+        error = run_error(self._outcome, self.launcher.task_failure, self._kind.name)
         if error is not None:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)

@@ -1,0 +1,197 @@
+"""TorchDistributor: plain torch.distributed ranks (DDP, FSDP2) on this runner, locally and on Spark, no Horovod."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch_jobs
+
+from airflow_provider_hvd import LaunchError, RankFailedError, TorchDistributor
+from airflow_provider_hvd.runner.driver.consequences import is_consequence_error
+from airflow_provider_hvd.runner.shared.messages import RemoteError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_torchrun_contract(views: list[dict], hosts: int = 1) -> None:
+    """Every process got torchrun's env:// variables for one run of len(views) ranks on ``hosts`` hosts."""
+    size = len(views)
+    assert [view["env"]["RANK"] for view in views] == [str(rank) for rank in range(size)]
+    assert {view["env"]["WORLD_SIZE"] for view in views} == {str(size)}
+    assert {view["env"]["ROLE_WORLD_SIZE"] for view in views} == {str(size)}
+    assert [view["env"]["ROLE_RANK"] for view in views] == [view["env"]["RANK"] for view in views]
+    assert {view["env"]["GROUP_WORLD_SIZE"] for view in views} == {str(hosts)}
+    assert {view["env"]["LOCAL_WORLD_SIZE"] for view in views} == {str(size // hosts)}
+    assert sorted(view["env"]["LOCAL_RANK"] for view in views) == sorted(str(i % (size // hosts)) for i in range(size))
+    assert len({view["env"]["TORCHELASTIC_RUN_ID"] for view in views}) == 1
+    assert len({(view["env"]["MASTER_ADDR"], view["env"]["MASTER_PORT"]) for view in views}) == 1
+    assert {view["env"]["TORCHELASTIC_USE_AGENT_STORE"] for view in views} == {"True"}
+    assert {view["env"]["ROLE_NAME"] for view in views} == {"default"}
+    assert all(view["torchelastic"] for view in views)  # torch.distributed.is_torchelastic_launched()
+    assert len({view["pid"] for view in views}) == size
+
+
+def test_ddp_on_processes_of_this_host():
+    result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_jobs.train_ddp, steps=5)
+    check_torchrun_contract(result["views"])
+    assert {view["gloo_iface"] for view in result["views"]} == {"lo"}  # the interface that reaches the driver
+    assert result["views"][0]["env"]["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_ddp_on_spark_gives_pysparks_weights(spark_local):
+    """The same seeded DDP function on local[2]: this class and PySpark's own TorchDistributor end with the same
+    weights, bit for bit."""
+    from pyspark import cloudpickle as pyspark_cloudpickle
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
+
+    ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
+    check_torchrun_contract(ours["views"])
+    pyspark_cloudpickle.register_pickle_by_value(torch_jobs)  # its ranks do not have the tests' modules
+    try:
+        theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
+    finally:
+        pyspark_cloudpickle.unregister_pickle_by_value(torch_jobs)
+    assert len(ours["weights"]) == len(theirs["weights"]) == 4
+    for mine, pysparks in zip(ours["weights"], theirs["weights"], strict=True):
+        assert torch.equal(mine, pysparks)
+    assert ours["loss"] == theirs["loss"]
+
+
+def test_fsdp2_fully_shard_trains_on_the_cpu():
+    result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_jobs.train_fsdp2)
+    assert result["param_type"] == "DTensor"
+    assert result["shard_rows"] * 2 == result["rows"]  # each rank holds half of the first layer's rows
+    assert result["losses"][0] == result["losses"][1]
+
+
+def test_the_failing_rank_is_named_first_and_torchs_errors_are_consequences(spark_local):
+    runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(RankFailedError) as caught:
+        runner.run(torch_jobs.fail_inside_collective, "rank 1 broke")
+    error = caught.value
+    assert error.rank == 1
+    assert str(error).splitlines()[0] == "torch.distributed rank 1 of 2 failed: ValueError: rank 1 broke"
+    assert "in fail_inside_collective" in (error.remote_traceback or "")
+    assert len(error.other_failures) == 1 and "rank 0" in error.other_failures[0]
+    # rank 0's own error, torch's reaction to its peer gone, listed after the cause as its consequence
+    assert "gloo" in error.other_failures[0] and "Connection closed by peer" in error.other_failures[0]
+    assert error.other_failures[0].endswith("(a consequence of rank 1's failure)")
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("DistBackendError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:5"),
+        ("DistStoreError", "wait timeout after 300000ms, keys: /worker/default_pg/0//cpu//0"),
+        ("DistNetworkError", "failed to recv, got 0 bytes"),
+        ("RuntimeError", "[gloo] Connection reset by peer"),
+        ("RuntimeError", "terminate called after throwing an instance of 'c10::DistBackendError'"),
+        ("RuntimeError", "[PG 0 Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3)"),
+    ],
+)
+def test_torchs_reactions_to_a_peer_gone_are_consequences(kind, message):
+    assert is_consequence_error(RemoteError(kind, message, ""))
+
+
+def test_a_real_error_is_no_consequence():
+    assert not is_consequence_error(RemoteError("ValueError", "rank 1 broke", ""))
+    assert not is_consequence_error(RemoteError("RuntimeError", "CUDA out of memory", ""))
+
+
+def test_a_python_file_runs_with_its_arguments(spark_local, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys
+            import torch, torch.distributed as dist
+            dist.init_process_group("gloo")
+            t = torch.tensor([float(dist.get_rank())])
+            dist.all_reduce(t)
+            out = sys.argv[1]
+            with open(os.path.join(out, f"rank-{dist.get_rank()}.txt"), "w") as f:
+                f.write(" ".join(sys.argv[2:]) + f" sum={t.item()} name={__name__}")
+            """
+        )
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    assert TorchDistributor(2, False, False).run(str(script), str(out), "--lr", 0.5) is None
+    assert sorted(path.read_text() for path in out.iterdir()) == ["--lr 0.5 sum=1.0 name=__main__"] * 2
+    with pytest.raises(ValueError, match="key-word"):
+        TorchDistributor(2, False, False).run(str(script), lr=0.5)
+
+
+def test_a_file_that_is_not_on_the_rank_host_travels_with_the_job(tmp_path):
+    """run_script writes the driver's copy where the path does not hold it (an executor without the file)."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from airflow_provider_hvd.runner.rank.script import run_script
+        run_script({str(tmp_path / "gone" / "train.py")!r}, b"import sys; print(__file__, sys.argv[1:])", ["a", "1"])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    path, argv = out.split(" ", 1)
+    assert path.endswith("/train.py") and "hvd-script-" in path and argv.strip() == "['a', '1']"
+    assert not Path(path).exists()  # removed when the process exited
+
+
+def test_bad_settings_name_the_fix(spark_local):
+    with pytest.raises(ValueError, match="num_processes has to be a positive integer"):
+        TorchDistributor(num_processes=0)
+    with pytest.raises(LaunchError, match="spark.task.resource.gpu.amount' was unset.*use_gpu=False"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(torch_jobs.modules_loaded)
+    with pytest.raises(LaunchError, match="has none .*Pass use_gpu=False"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        try:
+            TorchDistributor(num_processes=2, local_mode=True, use_gpu=True).run(torch_jobs.modules_loaded)
+        finally:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+_NO_HOROVOD = """
+import importlib.abc, sys
+
+class _NoHorovod(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "horovod" or name.startswith("horovod."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoHorovod())
+"""
+
+
+def test_a_run_without_horovod(tmp_path):
+    """Where `import horovod` fails (driver and ranks): TorchDistributor runs, HorovodRunner says what is missing."""
+    (tmp_path / "sitecustomize.py").write_text(_NO_HOROVOD)
+    code = textwrap.dedent(
+        """
+        import sys, torch_jobs
+        from airflow_provider_hvd import HorovodRunner, LaunchError, TorchDistributor
+        try:
+            import horovod
+        except ModuleNotFoundError:
+            pass
+        else:
+            raise SystemExit("horovod imported")
+        result = TorchDistributor(num_processes=2, use_gpu=False).run(torch_jobs.modules_loaded)
+        assert result == {"sum": 2.0, "horovod": []}, result
+        assert not [name for name in sys.modules if name.startswith("horovod")]
+        try:
+            HorovodRunner(np=-1).run(print)
+        except LaunchError as exc:
+            print("LaunchError:", exc)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LaunchError: HorovodRunner needs Horovod" in done.stdout
