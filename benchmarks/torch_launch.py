@@ -1,0 +1,340 @@
+"""TorchDistributor side by side with PySpark's and with bare ``torchrun``: launch, training tax, a failing rank.
+
+All on one warm ``local[2]`` SparkSession, in one run (the ratios are what to compare):
+
+Launch of a trivial 2-process job (``init_process_group("gloo")``, one ``all_reduce``, return the rank):
+
+``ours``
+    ``airflow_provider_hvd.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(trivial)``.
+``pyspark``
+    ``pyspark.ml.torch.distributor.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)``.
+``floor``
+    ``torchrun --standalone --nproc-per-node 2`` on a file doing the same, no Spark: the cost any launcher pays.
+
+Training tax: the same seeded DDP MLP (``--steps`` steps on 2 processes), the training loop timed inside
+rank 0 (launch excluded), ``--train-repeats`` rounds interleaved; ours' steps per second over ``torchrun``'s
+(goal >= 0.95); ``ours_local`` is ours with ``local_mode=True`` (no Spark on the machine's cores).
+
+A failing rank: rank 1 raises while rank 0 waits in an ``all_reduce``; what ``run()`` raises in each (its
+type, its length, whether it holds the rank's own message, its first line).
+
+Each launch method gets one untimed warm-up, then ``--repeats`` timed runs interleaved round-robin.
+Run it from the repository root (a method that cannot run is reported as n/a with its reason)::
+
+    .venv/bin/python benchmarks/torch_launch.py --repeats 4 --json /tmp/torch_launch.json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["OMP_NUM_THREADS"] = "1"  # torchrun's default for several processes: the same on every side
+
+import argparse  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+NUM_PROC = 2
+FAILURE_MESSAGE = "rank 1 cannot read shard 7 of the training data"
+
+
+def trivial() -> int:
+    """The launch job: join the group, one all_reduce, return the rank."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    return rank
+
+
+def train_mlp(steps: int) -> dict[str, float]:
+    """The same seeded DDP MLP everywhere; rank 0 returns the training loop's seconds and the last loss."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(
+            torch.nn.Linear(64, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 1),
+        )
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.Generator().manual_seed(rank)
+    inputs, targets = torch.randn(steps, 64, 64, generator=data), torch.randn(steps, 64, 1, generator=data)
+    dist.barrier()
+    start = time.perf_counter()
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs[step]), targets[step])
+        loss.backward()
+        optimizer.step()
+    seconds = time.perf_counter() - start
+    dist.destroy_process_group()
+    return {"seconds": seconds, "loss": loss.item()}
+
+
+def failing() -> None:
+    """Rank 1 fails after joining; rank 0 is inside a collective when it does."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise RuntimeError(FAILURE_MESSAGE)
+    dist.all_reduce(torch.ones(1))
+
+
+@dataclass
+class Method:
+    """One way of launching a job on two processes, and its timings."""
+
+    name: str
+    label: str
+    launch: Callable[[], object]
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def _time_once(method: Method) -> None:
+    start = time.perf_counter()
+    try:
+        method.launch()
+    except Exception as exc:  # noqa: BLE001 - a failed method is reported as n/a, the others go on
+        method.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        return
+    method.times.append(time.perf_counter() - start)
+
+
+# --- the launchers -------------------------------------------------------------------------------
+
+
+def ours(fn: Callable[..., Any], *args: Any, local_mode: bool = False) -> Any:
+    from airflow_provider_hvd import TorchDistributor
+
+    return TorchDistributor(num_processes=NUM_PROC, local_mode=local_mode, use_gpu=False).run(fn, *args)
+
+
+def pyspark(fn: Callable[..., Any], *args: Any) -> Any:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=NUM_PROC, local_mode=False, use_gpu=False).run(fn, *args)
+
+
+class Torchrun:
+    """``torchrun --nproc-per-node 2`` on a file that calls one of this module's functions."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.script = workdir / "torchrun_job.py"
+        self.result = workdir / "result.json"
+        functions = "\n\n".join(inspect.getsource(fn) for fn in (trivial, train_mlp, failing))
+        self.script.write_text(
+            "import json, os, sys, time\n"
+            f"FAILURE_MESSAGE = {FAILURE_MESSAGE!r}\n\n{functions}\n"
+            "value = globals()[sys.argv[1]](*map(int, sys.argv[2:]))\n"
+            f"if os.environ['RANK'] == '0':\n    open({str(self.result)!r}, 'w').write(json.dumps(value))\n"
+        )
+
+    def command(self, name: str, *args: int) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NUM_PROC),
+            "--standalone", str(self.script), name, *map(str, args),
+        ]  # fmt: skip
+
+    def run(self, name: str, *args: int) -> Any:
+        self.result.unlink(missing_ok=True)
+        proc = subprocess.run(self.command(name, *args), capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"torchrun exited {proc.returncode}\n{proc.stderr}")
+        return json.loads(self.result.read_text())
+
+
+# --- the three measurements ----------------------------------------------------------------------
+
+
+def run_rounds(methods: list[Method], repeats: int) -> None:
+    for method in methods:
+        _time_once(method)
+        method.times.clear()
+    for round_no in range(1, repeats + 1):
+        for method in methods:
+            if method.error is None:
+                _time_once(method)
+        print(f"launch round {round_no}/{repeats} done", file=sys.stderr, flush=True)
+
+
+def launch_figures(methods: list[Method]) -> dict[str, Any]:
+    figures: dict[str, Any] = {"methods": {}, "ratios": {}}
+    for m in methods:
+        ok = m.times and m.error is None
+        figures["methods"][m.name] = {
+            "label": m.label,
+            "times_s": [round(t, 3) for t in m.times],
+            "median_s": round(statistics.median(m.times), 3) if ok else None,
+            "min_s": round(min(m.times), 3) if ok else None,
+            "error": m.error,
+        }
+    by_name = figures["methods"]
+    for num, den in (("ours", "pyspark"), ("ours", "floor"), ("pyspark", "floor")):
+        a, b = (by_name.get(name, {}).get("median_s") for name in (num, den))
+        figures["ratios"][f"{num}/{den}"] = round(a / b, 2) if a and b else None
+    return figures
+
+
+def training_figures(runners: dict[str, Callable[[int], Any]], steps: int, repeats: int) -> dict[str, Any]:
+    """Steps per second of the training loop (median and best of ``repeats`` rounds, interleaved round-robin
+    so that the machine's load hits every method alike), and each one's over torchrun's."""
+    figures: dict[str, Any] = {"steps": steps, "methods": {}}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
+    errors: dict[str, str] = {}
+    for round_no in range(1, repeats + 1):
+        for name, run in runners.items():
+            if name in errors:
+                continue
+            try:
+                results[name].append(run(steps))
+            except Exception as exc:  # noqa: BLE001 - reported as n/a
+                errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        print(f"training round {round_no}/{repeats} done", file=sys.stderr, flush=True)
+    for name in runners:
+        if name in errors or not results[name]:
+            figures["methods"][name] = {"error": errors.get(name, "no result")}
+            continue
+        loops = [r["seconds"] for r in results[name]]
+        figures["methods"][name] = {
+            "steps_per_s": round(steps / statistics.median(loops), 1),
+            "best_steps_per_s": round(steps / min(loops), 1),
+            "loop_s": [round(t, 3) for t in loops],
+            "loss": round(results[name][-1]["loss"], 6),
+        }
+    methods = figures["methods"]
+    base = methods.get("torchrun", {})
+    for name, info in methods.items():
+        if name != "torchrun" and info.get("steps_per_s") and base.get("steps_per_s"):
+            figures[f"{name}/torchrun"] = round(info["steps_per_s"] / base["steps_per_s"], 3)
+            figures[f"{name}/torchrun (best)"] = round(info["best_steps_per_s"] / base["best_steps_per_s"], 3)
+    return figures
+
+
+def failure_figures(runners: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """What each raises when rank 1 fails while rank 0 is in a collective."""
+    figures: dict[str, Any] = {}
+    for name, run in runners.items():
+        start = time.perf_counter()
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - the error is the figure
+            text = str(exc)
+            figures[name] = {
+                "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                "chars": len(text),
+                "holds_message": FAILURE_MESSAGE in text,
+                "first_line": text.strip().splitlines()[0][:200] if text.strip() else "",
+                "seconds": round(time.perf_counter() - start, 2),
+            }
+        else:
+            figures[name] = {"type": None, "note": "run() returned: the failure was not reported"}
+    return figures
+
+
+# --- reporting -----------------------------------------------------------------------------------
+
+
+def format_report(figures: dict[str, Any]) -> str:
+    launch = figures["launch"]
+    lines = [f"launch of a trivial {NUM_PROC}-process DDP job, {figures['repeats']} repeats (after 1 warm-up each)"]
+    for info in launch["methods"].values():
+        shown = f"{info['median_s']:.2f} s median, {info['min_s']:.2f} s min" if info["median_s"] else info["error"]
+        lines.append(f"  {info['label']:<58} {shown}")
+    lines += [f"  {name}: {'n/a' if r is None else f'{r:.2f}x'}" for name, r in launch["ratios"].items()]
+    training = figures["training"]
+    lines.append(f"training: the same DDP MLP, {training['steps']} steps, loop timed in rank 0")
+    for name, info in training["methods"].items():
+        shown = f"{info['steps_per_s']} steps/s median, {info['best_steps_per_s']} best" if "error" not in info else ""
+        lines.append(f"  {name:<10} {shown}{info.get('error', '')}")
+    lines += [f"  {k}: {v:.3f}x" for k, v in training.items() if "/torchrun" in k]
+    lines.append("a failing rank (rank 1 raises while rank 0 is in all_reduce)")
+    for name, info in figures["failure"].items():
+        lines.append(f"  {name:<10} {json.dumps(info)}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=4, help="timed launches per method (default 4)")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps of the MLP (default 1000)")
+    parser.add_argument("--train-repeats", type=int, default=3, help="training runs per method (default 3)")
+    parser.add_argument("--skip", action="append", default=[], choices=["ours", "pyspark", "floor"], help="leave out")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+    args = parser.parse_args(argv)
+    if min(args.repeats, args.steps, args.train_repeats) < 1:
+        parser.error("--repeats, --steps and --train-repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("airflow_provider_hvd").setLevel(logging.WARNING)
+    spark = (
+        SparkSession.builder.master(f"local[{NUM_PROC}]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    with tempfile.TemporaryDirectory(prefix="torch-launch-") as workdir:
+        torchrun = Torchrun(Path(workdir))
+        launchers = {
+            "ours": ("TorchDistributor (this project), local_mode=False", ours),
+            "pyspark": ("pyspark.ml.torch TorchDistributor, local_mode=False", pyspark),
+            "floor": ("floor: torchrun --nproc-per-node 2, no Spark", None),
+        }
+        chosen = {name: entry for name, entry in launchers.items() if name not in args.skip}
+
+        def launcher(name: str) -> Callable[[], object]:
+            run = chosen[name][1]
+            return (lambda: torchrun.run("trivial")) if run is None else (lambda: run(trivial))
+
+        try:
+            methods = [Method(name, label, launcher(name)) for name, (label, _) in chosen.items()]
+            run_rounds(methods, args.repeats)
+            figures: dict[str, Any] = {"repeats": args.repeats, "launch": launch_figures(methods)}
+            trainers: dict[str, Callable[[int], Any]] = {"torchrun": lambda n: torchrun.run("train_mlp", n)}
+            trainers.update({name: (lambda n, r=run: r(train_mlp, n)) for name, (_, run) in chosen.items() if run})
+            if "ours" in chosen:  # the same on this host without Spark: what the Spark side costs, if anything
+                trainers["ours_local"] = lambda n: ours(train_mlp, n, local_mode=True)
+            figures["training"] = training_figures(trainers, args.steps, args.train_repeats)
+            failers: dict[str, Callable[[], Any]] = {"torchrun": lambda: torchrun.run("failing")}
+            failers.update({name: (lambda r=run: r(failing)) for name, (_, run) in chosen.items() if run})
+            figures["failure"] = failure_figures(failers)
+        finally:
+            spark.stop()
+    print(format_report(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
