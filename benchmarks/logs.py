@@ -92,7 +92,7 @@ class _Tally(logging.FileHandler):
         if record.levelno == logging.WARNING and "dropped" in record.msg:
             self.dropped += record.args[1]  # type: ignore[index]
         else:
-            self.relayed += 1
+            self.relayed += len(record.rank_lines)  # type: ignore[attr-defined]  # a record holds a batch of lines
         super().emit(record)
 
 

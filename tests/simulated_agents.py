@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rank_lines import lines_of
+
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
 from airflow_provider_hvd.runner.driver.address import LOOPBACK_DRIVER
 from airflow_provider_hvd.runner.driver.outcome import LaunchFailed
@@ -278,8 +280,8 @@ class _LineCollector(logging.Handler):
         self.by_rank: dict[int, list[str]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        rank, text = record.args  # type: ignore[misc]  # "[rank %s] %s"
-        self.by_rank.setdefault(rank, []).append(text)
+        for rank, text in lines_of(record):
+            self.by_rank.setdefault(rank, []).append(text)
 
 
 @dataclass

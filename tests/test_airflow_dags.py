@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import threading
 import pytest
 from dag_runs import LOCAL2, states
 from jobs import assert_all_gone, wait_for_pids
+from rank_lines import tagged_lines
 
 pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
 
@@ -34,7 +36,7 @@ def test_decorator_example_trains_and_reports(dags, caplog, capsys):
     metrics = xcom(run, "train")
     assert metrics["ranks"] == 2 and metrics["epochs"] == 8 and metrics["accuracy"] > 0.9
     assert len(metrics["hosts"]) == 2  # where each rank ran (local[2]: this host, twice)
-    relayed = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"]
+    relayed = tagged_lines(caplog.records)
     assert relayed[0].startswith("[rank 0] epoch 1/8: loss=") and relayed[-1].startswith("[rank 0] epoch 8/8: loss=")
     assert f"rank 0 result: {metrics}" in capsys.readouterr().out
 
@@ -44,7 +46,8 @@ def test_operator_example_relays_every_line(dags, caplog):
     assert states(run) == {"allreduce": "success"}
     assert xcom(run, "allreduce") == {"average": 2.0, "size": 2}
     assert not xcom(run, "allreduce", "_link_SparkUILink")  # local[2]: no page outlives the task, so no link
-    relayed = {r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"}
+    relayed = set(tagged_lines(caplog.records))
+    assert {r.levelno for r in caplog.records if r.name == "airflow_provider_hvd.ranks"} == {logging.INFO}
     assert relayed == {
         "[rank 0] rank 0 of 2 holds 1.0",
         "[rank 0] rank 0 sees the average 2.0",
@@ -109,7 +112,7 @@ def test_tensorflow_example_trains_a_tf_keras_model(dags, caplog, capsys):
     assert states(run) == {"train": "success", "report": "success"}
     metrics = xcom(run, "train")
     assert metrics["ranks"] == 2 and metrics["epochs"] == 4 and metrics["accuracy"] > 0.9
-    relayed = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.ranks"]
+    relayed = tagged_lines(caplog.records)
     assert [line.split(":")[0] for line in relayed] == [
         f"[rank 0] epoch {epoch}/4 {event}" for epoch in range(1, 5) for event in ("begin", "end")
     ]

@@ -16,6 +16,7 @@ import time
 import psutil
 import pytest
 from conftest import make_session
+from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import HorovodRunner, LaunchError
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
@@ -66,11 +67,7 @@ def allreduce_and_talk(marker: str, flood: int = 0, big: int = 0) -> dict:
 
 
 def relayed(caplog, rank: int) -> list[str]:
-    return [
-        m[1]
-        for r in caplog.records
-        if r.name == "airflow_provider_hvd.ranks" and (m := re.match(rf"\[rank {rank}\] (.*)", r.getMessage()))
-    ]
+    return lines_by_rank(caplog.records).get(rank, [])
 
 
 # --- a real run on Spark with encryption on --------------------------------------------------------------

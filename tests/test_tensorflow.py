@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from rank_lines import tagged_lines
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 
@@ -99,7 +100,7 @@ def sparkdl_examples_and_hosts() -> dict:
 
 def epoch_lines(caplog) -> list[str]:
     """LogCallback's lines among what reached the driver (local ranks relay all their output, as in sparkdl)."""
-    messages = [r.getMessage() for r in caplog.records if r.name == RANKS]
+    messages = tagged_lines(caplog.records)
     return [m for m in messages if re.match(r"\[rank \d+\] epoch ", m)]
 
 

@@ -201,10 +201,31 @@ class _RankProcess:
             self._echo(text, relayed=True)
             self._outbox.put(text)
             return
-        self.tail.append(piece)
-        self._echo(piece, relayed=self._args.relay_output)
+        self._take_lines([piece])
+
+    def _take_all(self, pieces: list[Piece]) -> None:
+        """A read's pieces in order, each run of plain lines at once (a flood of lines costs little a line)."""
+        lines: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                lines.append(piece)
+                continue
+            self._take_lines(lines)
+            lines = []
+            self._take(piece)
+        self._take_lines(lines)
+
+    def _take_lines(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        if not all(map(is_stall_warning, lines)):
+            self.last_active = time.monotonic()
+        self.tail.extend(lines)
+        if self._args.echo_output:
+            for line in lines:
+                self._echo(line, relayed=self._args.relay_output)
         if self._args.relay_output:
-            self._outbox.put(piece)
+            self._outbox.put_lines(lines)
 
     def _relay_output(self, fd: int) -> None:
         try:
@@ -214,10 +235,8 @@ class _RankProcess:
                 data = os.read(fd, 1 << 16)
                 if not data:
                     break
-                for piece in self._splitter.feed(data):
-                    self._take(piece)
-            for piece in self._splitter.end():
-                self._take(piece)
+                self._take_all(self._splitter.feed(data))
+            self._take_all(self._splitter.end())
         finally:
             os.close(fd)
 

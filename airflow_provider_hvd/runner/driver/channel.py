@@ -58,6 +58,30 @@ from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 log = logging.getLogger("airflow_provider_hvd.runner")
 rank_log = logging.getLogger("airflow_provider_hvd.ranks")
 rank_log.setLevel(logging.INFO)  # on its own level: relayed lines show wherever the application logs anything
+RECORD_CHARS = 1 << 18  # a record holds a batch's lines up to about this many characters
+
+
+def log_rank_lines(rank: int | None, lines: list[str]) -> None:
+    """Log a batch of rank ``rank``'s lines in order, each tagged ``[rank N]``, in as few records as hold them.
+
+    A record per line costs ~15 µs (more through a task log's structured formatter): a flood of output would
+    hold the driver up. A record's message is its lines, each tagged, one a line; its ``args`` are the rank and
+    the text after the first tag; ``rank_lines`` holds the lines themselves, for a handler that wants them.
+    """
+    joiner = "\n" + RANK_TAG % rank + " "
+    if not lines:
+        return  # (a batch that only counts dropped lines)
+    if sum(map(len, lines)) <= RECORD_CHARS:
+        rank_log.info(RANK_LINE, rank, joiner.join(lines), extra={"rank_lines": lines})
+        return
+    start, total = 0, 0
+    for end, text in enumerate(lines, 1):
+        total += len(text)
+        if total > RECORD_CHARS or end == len(lines):
+            chunk = lines[start:end]
+            rank_log.info(RANK_LINE, rank, joiner.join(chunk), extra={"rank_lines": chunk})
+            start, total = end, 0
+
 
 MAX_PENDING_HANDSHAKES = 1024
 LISTEN_BACKLOG = 4096  # (the kernel caps it at net.core.somaxconn)
@@ -498,8 +522,7 @@ class DriverChannel:
                 batch.dropped,
                 conn.lines_dropped,
             )
-        for text in batch.lines:
-            rank_log.info(RANK_LINE, conn.rank, text)
+        log_rank_lines(conn.rank, batch.lines)
 
     def close(self) -> None:
         """Stop listening and close every connection (agents still running end their ranks); wait for the loop."""
