@@ -3,6 +3,7 @@ alive, and the source archive carries what they point to. And facts the docs sta
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import shutil
@@ -118,3 +119,73 @@ def test_the_docs_say_what_the_installer_builds_horovod_with():
                     wrong.append(f"{page.relative_to(ROOT)}: {word!r} {sorted(said)}: {block[:160]}")
     assert not wrong, "\n".join(wrong)
     assert checked >= 4  # the installation page, compatibility, sparkdl's comparison and the TensorFlow page
+
+
+def markdown_table(page: Path, heading: str) -> list[list[str]]:
+    """The cells of each row of the first table under ``## heading`` on ``page`` (its header row left out)."""
+    section = page.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def test_the_internals_module_table_lists_every_module_of_the_runner():
+    runner = ROOT / "airflow_provider_hvd" / "runner"
+    modules = {str(p.relative_to(runner)) for p in runner.rglob("*.py") if p.name != "__init__.py"}
+    listed = [
+        m.group(1)
+        for row in markdown_table(ROOT / "docs" / "internals.md", "The processes")
+        if (m := re.fullmatch(r"`([\w/]+\.py)`", row[0]))
+    ]
+    assert len(listed) == len(set(listed)), sorted(name for name in listed if listed.count(name) > 1)
+    assert not modules - set(listed), f"modules missing from docs/internals.md's table: {sorted(modules - set(listed))}"
+    assert not set(listed) - modules, f"docs/internals.md lists modules that are gone: {sorted(set(listed) - modules)}"
+
+
+def thread_names(package: Path) -> dict[str, str]:
+    """The name of every thread the package's code makes (``<>`` for what an f-string fills in), and where."""
+
+    def name_of(call: ast.Call, where: str) -> str:
+        given = next((k.value for k in call.keywords if k.arg == "name"), None)
+        assert given is not None, f"{where}: a thread without a name (name it, and list it in docs/internals.md)"
+        if isinstance(given, ast.JoinedStr):
+            return "".join(v.value if isinstance(v, ast.Constant) else "<>" for v in given.values)
+        assert isinstance(given, ast.Constant), f"{where}: a thread name that is neither a string nor an f-string"
+        return str(given.value)
+
+    names: dict[str, str] = {}
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        thread_classes = {  # classes that derive from Thread: their super().__init__(name=...)
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("Thread") for base in node.bases)
+        }
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("Thread")]
+        calls += [
+            n
+            for cls in thread_classes
+            for n in ast.walk(cls)
+            if isinstance(n, ast.Call) and ast.unparse(n.func) == "super().__init__"
+        ]
+        for call in calls:
+            where = f"{path.relative_to(ROOT)}:{call.lineno}"
+            names[name_of(call, where)] = where
+    return names
+
+
+def test_the_internals_thread_table_lists_every_thread_the_code_starts():
+    in_code = thread_names(ROOT / "airflow_provider_hvd")
+    rows = markdown_table(ROOT / "docs" / "internals.md", "Threads")
+    listed = {re.sub(r"<\w+>", "<>", m.group(1)) for row in rows if (m := re.fullmatch(r"`([\w<>-]+)`", row[0]))}
+    assert len(in_code) >= 10 and all(len(row) == 4 for row in rows)  # what it does, who starts it, how it ends
+    missing = {name: where for name, where in in_code.items() if name not in listed}
+    assert not missing, f"threads missing from docs/internals.md's thread table: {missing}"
+    assert not listed - set(in_code), f"docs/internals.md lists threads that are gone: {sorted(listed - set(in_code))}"
+
+
+def test_the_internals_frame_table_lists_every_frame_kind():
+    from airflow_provider_hvd.runner.shared.wire import Kind
+
+    rows = markdown_table(ROOT / "docs" / "internals.md", "The wire protocol")
+    listed = {(int(row[0]), row[1].strip("`")) for row in rows}
+    assert listed == {(kind.value, kind.name) for kind in Kind}

@@ -1,0 +1,88 @@
+"""The runner's timings that depend on each other, in one place, each with its reason (driver, agent, reaper).
+
+Where one is used it is imported from here; tests that shorten one patch it where it is used. The relations
+below are checked in ``tests/test_timing.py``; the threads that wait on them are in ``docs/internals.md``.
+"""
+
+from __future__ import annotations
+
+# The reaper runs as a plain script (``python -I -S reaper.py``, standard library only) and cannot import this
+# module: its two graces are defined there, and named here beside the timings that depend on them.
+from ..reaper import LEFTOVER_GRACE_S, TERMINATE_GRACE_S
+
+# -- the link between the driver and each agent --------------------------------------------------------------
+
+# Heartbeats, each way (..shared.liveness; spark.horovodRunner.heartbeatInterval/-Timeout override them): a
+# link silent for the timeout is cut. The timeout spans at least MIN_BEATS_PER_TIMEOUT intervals, so one late
+# beat ends no healthy link, and stays well below Gloo's own timeout, so that a vanished host is named as the
+# cause before the ranks' collectives fail with a Gloo error that blames a healthy peer.
+HEARTBEAT_INTERVAL_S = 2.0
+HEARTBEAT_TIMEOUT_S = 10.0
+MIN_BEATS_PER_TIMEOUT = 3
+GLOO_DEFAULT_TIMEOUT_S = 30.0  # Horovod's HOROVOD_GLOO_TIMEOUT_SECONDS when the driver's environment has none
+
+# A connection must prove the run's secret within this (both sides): an unproven one costs the driver a socket
+# for at most this long; an agent's handshake with a live driver takes milliseconds.
+HANDSHAKE_TIMEOUT_S = 10.0
+
+# An agent's TCP connect to the driver: a Spark task may start on an executor whose route to the driver is
+# still coming up; after this the task fails and the run's start fails with it.
+CONNECT_TIMEOUT_S = 30.0
+
+# A Start or an Abort written to an agent that reads nothing (its host gone, its link cut) gives up after this;
+# the heartbeat timeout names such an agent first.
+SEND_TIMEOUT_S = 30.0
+
+# -- how a run ends -------------------------------------------------------------------------------------------
+
+# After the first failure, the reports racing it are awaited this long before the cause is named: the failing
+# rank's own report comes within milliseconds of its peers' shutdown errors, but behind them often enough.
+SETTLE_S = 1.0
+
+# A Spark task that failed is a cause only this long after Spark said so: its agent's connection ends about
+# then, and that names the rank (a lost agent) rather than the task.
+LAUNCH_FAILURE_SETTLE_S = 1.0
+
+# Once the cause is named, the driver waits this long for the other ranks to end: their agents' SIGTERM grace
+# (TERMINATE_GRACE_S, then SIGKILL), what the ranks left running (LEFTOVER_GRACE_S), and some margin.
+ABORT_WAIT_S = 15.0
+
+# A rank that reported its error but does not exit (a thread main left running) is ended after this. A rank
+# whose main returned is waited for instead: its exit work gets exit_timeout, once every rank returned.
+EXIT_AFTER_REPORT_S = 10.0
+
+# exit_timeout's default: atexit handlers, an experiment tracker's flush, DataLoader workers and TensorBoard
+# writers after main returned; generous, since the run has already succeeded by then.
+DEFAULT_EXIT_TIMEOUT_S = 120.0
+
+# The most an agent waits, once done, for the driver to have its report (it closes its end then): the end of a
+# large result may still be on its way on a slow link; closing first would lose it.
+REPORT_DELIVERY_S = 600.0
+
+# -- stalls -----------------------------------------------------------------------------------------------------
+
+# When a run stalls, the driver asks every agent for its rank's Python stacks and waits this long for them all;
+# each agent gives up on its rank after STACKS_ANSWER_WAIT_S (faulthandler answers from its signal handler, in
+# milliseconds, unless the rank is stopped), so that a dead rank costs no more than a live one.
+STACKS_WAIT_S = 5.0
+STACKS_ANSWER_WAIT_S = 2.0
+
+__all__ = [
+    "ABORT_WAIT_S",
+    "CONNECT_TIMEOUT_S",
+    "DEFAULT_EXIT_TIMEOUT_S",
+    "EXIT_AFTER_REPORT_S",
+    "GLOO_DEFAULT_TIMEOUT_S",
+    "HANDSHAKE_TIMEOUT_S",
+    "HEARTBEAT_INTERVAL_S",
+    "HEARTBEAT_TIMEOUT_S",
+    "LAUNCH_FAILURE_SETTLE_S",
+    "LEFTOVER_GRACE_S",
+    "MIN_BEATS_PER_TIMEOUT",
+    "REPORT_DELIVERY_S",
+    "SEND_TIMEOUT_S",
+    "SETTLE_S",
+    "STACKS_ANSWER_WAIT_S",
+    "STACKS_WAIT_S",
+    "TERMINATE_GRACE_S",
+]
