@@ -125,6 +125,15 @@ def test_exit_timeout_reaches_the_runner_from_the_operator():
     assert HorovodRunner(np=2).exit_timeout == 120.0
 
 
+def test_exit_timeout_is_checked_by_the_decorator_when_the_dag_is_parsed():
+    from airflow.sdk import DAG
+
+    from airflow_provider_hvd.decorators.horovod import horovod_task
+
+    with DAG("exit_timeout_checked", schedule=None), pytest.raises(ValueError, match="exit_timeout must be"):
+        horovod_task(np=2, exit_timeout=timedelta(seconds=-1))(write_marker)(marker="x")
+
+
 # cancel() at every moment
 
 
@@ -192,6 +201,16 @@ class _CancelAtLaunch(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if "driver channel on" in record.getMessage():  # logged as the launch begins, before any rank starts
             self.runner.cancel()
+
+
+def test_cancel_before_a_runners_first_run_cancels_it_and_the_runner_runs_again(tmp_path):
+    """The hook's window: on_kill() as the hook hands the job to its new runner, before the run is registered."""
+    runner = HorovodRunner(np=-2)
+    runner.cancel()
+    with pytest.raises(RunCancelledError, match="cancelled before its ranks started"):
+        runner.run(write_marker, marker=str(tmp_path / "ran"))
+    assert not (tmp_path / "ran").exists(), "main ran"
+    assert runner.run(write_marker, marker=str(tmp_path / "ran")) == 1  # once: the next run is not cancelled
 
 
 def test_cancel_during_the_launch_ends_the_run_before_main(tmp_path):

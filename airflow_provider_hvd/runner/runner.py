@@ -97,6 +97,8 @@ class _Runner:
     #: timeout is reported lost, and the ranks on a host that hears nothing from the driver for it are ended
     heartbeat_interval_s: float | None = None
     heartbeat_timeout_s: float | None = None
+    _started_a_run = False
+    _cancel_first_run = False  # cancel() came before the first run
 
     def _settings(
         self,
@@ -130,6 +132,9 @@ class _Runner:
         """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value."""
         run = _Run()
         self._runs.append(run)  # first: a cancel() while the job is pickled ends the run before it starts
+        first, self._started_a_run = not self._started_a_run, True
+        if first and self._cancel_first_run:  # (read after the append: cancel() sees the run, or this its flag)
+            run.cancelled = True
         try:
             payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes)
             if run.cancelled:
@@ -172,8 +177,11 @@ class _Runner:
         """End the runs in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
 
         Only sets a flag (safe in a signal handler); the running ``run`` ends the ranks within moments. The
-        runner can run again afterwards.
+        runner can run again afterwards. On a runner that has not run yet, it cancels the first run (e.g. the
+        Airflow hook's, when ``on_kill`` comes as the hook hands the job to a new runner).
         """
+        if not self._started_a_run:
+            self._cancel_first_run = True
         for run in list(self._runs):
             run.cancelled = True
 
