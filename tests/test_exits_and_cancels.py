@@ -213,6 +213,37 @@ def test_cancel_before_a_runners_first_run_cancels_it_and_the_runner_runs_again(
     assert runner.run(write_marker, marker=str(tmp_path / "ran")) == 1  # once: the next run is not cancelled
 
 
+class BlockingStore:
+    """A task state store whose reads wait for the test (``reading`` is set once one started, ``go`` ends it)."""
+
+    def __init__(self) -> None:
+        self.reading, self.go = threading.Event(), threading.Event()
+
+    def get(self, key: str) -> None:
+        self.reading.set()
+        assert self.go.wait(60), "the test did not let the read end"
+
+    def set(self, key: str, value: object) -> None:
+        pass
+
+
+def test_on_kill_while_the_task_reads_its_last_checkpoint_ends_it_before_main(tmp_path):
+    """The window before the task's runner exists: its hook is told, and the job never starts."""
+    from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
+
+    marker, store = tmp_path / "ran", BlockingStore()
+    kwargs = {"marker": str(marker)}
+    operator = HorovodRunnerOperator(task_id="t", python_callable=write_marker, op_kwargs=kwargs, np=-2)
+    thread, outcome = _run_in_thread(lambda: operator.execute({"task_state_store": store}))
+    assert store.reading.wait(60)
+    operator.on_kill()
+    store.go.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), RunCancelledError), outcome
+    assert not marker.exists(), "main ran"
+
+
 def test_cancel_during_the_launch_ends_the_run_before_main(tmp_path):
     runner = HorovodRunner(np=-2)
     handler, logger = _CancelAtLaunch(runner), logging.getLogger("airflow_provider_hvd.runner")
