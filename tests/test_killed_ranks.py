@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import make_session
 
@@ -80,23 +85,20 @@ def grow_until_killed() -> None:
     time.sleep(120)
 
 
-@pytest.fixture(scope="module")
-def limited_cgroup() -> Path:
-    """A memory cgroup with a limit, under this process's own (as root; cgroup v2 or v1's memory hierarchy)."""
-    mine = memory_cgroup()
-    if os.geteuid() != 0 or mine is None or not os.access(mine.path, os.W_OK):
-        pytest.skip("needs root and a writable memory cgroup to make one with a limit")
-    path = mine.path / f"hvd-oom-test-{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def cgroup_with_limit(under: Path, version: int, limit: int) -> Iterator[Path]:
+    """A new memory cgroup in ``under`` with ``limit`` bytes and no swap; what is left in it is killed after."""
+    path = under / f"hvd-oom-test-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     try:
-        if mine.version == 2:
-            (path / "memory.max").write_text(str(LIMIT))
+        if version == 2:
+            (path / "memory.max").write_text(str(limit))
             if (path / "memory.swap.max").exists():
                 (path / "memory.swap.max").write_text("0")
         else:
-            (path / "memory.limit_in_bytes").write_text(str(LIMIT))
+            (path / "memory.limit_in_bytes").write_text(str(limit))
             if (path / "memory.memsw.limit_in_bytes").exists():
-                (path / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
         yield path
     finally:
         for pid in (path / "cgroup.procs").read_text().split():
@@ -112,6 +114,63 @@ def limited_cgroup() -> Path:
                 import time
 
                 time.sleep(0.1)
+
+
+def writable_memory_cgroup() -> MemoryCgroup:
+    mine = memory_cgroup()
+    if os.geteuid() != 0 or mine is None or not os.access(mine.path, os.W_OK):
+        pytest.skip("needs root and a writable memory cgroup to make one with a limit")
+    return mine
+
+
+@pytest.fixture(scope="module")
+def limited_cgroup() -> Iterator[Path]:
+    """A memory cgroup with a limit, under this process's own (as root; cgroup v2 or v1's memory hierarchy)."""
+    mine = writable_memory_cgroup()
+    with cgroup_with_limit(mine.path, mine.version, LIMIT) as path:
+        yield path
+
+
+@pytest.fixture(scope="module")
+def cgroup_beside() -> Iterator[Path]:
+    """A small memory cgroup beside this process's own, not below it (cgroup v2 counts a child's OOM kills)."""
+    mine = writable_memory_cgroup()
+    if mine.path == mine.mount or not os.access(mine.path.parent, os.W_OK):
+        pytest.skip("needs a writable parent of this process's memory cgroup")
+    with cgroup_with_limit(mine.path.parent, mine.version, 64 << 20) as path:
+        yield path
+
+
+def kill_myself_after_an_oom_kill_elsewhere(procs: str) -> None:
+    """Rank 1 has a process in another memory cgroup killed for memory, then dies of SIGKILL itself."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if int(os.environ["HOROVOD_RANK"]) == 1:
+        hog = "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); h = []\n"
+        hog += "while True: h.append(b'x' * (8 << 20))"  # moved into the small cgroup, it grows until killed
+        assert subprocess.run([sys.executable, "-c", hog, procs], timeout=120).returncode == -signal.SIGKILL
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def test_an_oom_kill_elsewhere_on_the_host_is_not_the_likely_cause(cgroup_beside):
+    """Before: "Likely cause: the kernel's OOM killer ended it for memory: the host counted 1 OOM kill(s)", for a
+    rank that its own memory cgroup counted no OOM kill of."""
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=-2).run(kill_myself_after_an_oom_kill_elsewhere, procs=str(cgroup_beside / "cgroup.procs"))
+    text = str(info.value)
+    mine = memory_cgroup()
+    assert "Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python exception" in text, text
+    assert "Likely cause" not in text and "memoryOverhead" not in text, text  # no memory advice either
+    assert re.search(
+        rf"No OOM kill was counted while it ran by its memory cgroup {re.escape(mine.name)}, which counts every OOM "
+        r"kill of its processes; the host counted [1-9]\d*, of processes outside it: SIGKILL came from elsewhere",
+        text,
+    ), text
 
 
 SCRIPT = """
@@ -167,6 +226,100 @@ def test_on_spark_the_memory_settings_in_force_are_named(spark_with_memory_setti
     assert (
         "spark.executor.memory=512m; spark.executor.memoryOverhead=256m; spark.executor.pyspark.memory=not set"
     ) in text, text
+
+
+def start_a_child_and_sleep(pid_dir: str) -> None:
+    """Rank 1 starts a child of its own (``sleep 307``) and records both pids; the ranks then sleep."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    if os.environ["HOROVOD_RANK"] == "1":
+        child = subprocess.Popen(["sleep", "307"])
+        Path(pid_dir, "child.pid").write_text(str(child.pid))
+        Path(pid_dir, "rank.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+def test_a_ranks_child_never_outlives_its_killed_agent(spark_with_memory_settings, tmp_path):
+    """Before: in 1 of 3 such runs (local[2,4]) the rank's child was still alive 10 s after run() raised (the
+    reaper had died before it ended it). Several runs, each its own pids."""
+    import threading
+
+    from jobs import alive, assert_all_gone
+
+    for attempt in range(3):
+        pid_dir = tmp_path / str(attempt)
+        pid_dir.mkdir()
+        outcome: dict = {}
+        runner = HorovodRunner(np=2)
+
+        def run(runner: HorovodRunner = runner, pid_dir: Path = pid_dir, outcome: dict = outcome) -> None:
+            try:
+                runner.run(start_a_child_and_sleep, pid_dir=str(pid_dir))
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not (pid_dir / "rank.pid").exists() and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert (pid_dir / "rank.pid").exists(), f"rank 1 did not start: {outcome}"
+            child, rank = int((pid_dir / "child.pid").read_text()), int((pid_dir / "rank.pid").read_text())
+            agent = psutil.Process(rank).parent().parent()  # rank <- its reaper <- its agent (the Spark task's worker)
+            os.kill(agent.pid, signal.SIGKILL)  # as when an executor dies: no goodbye
+            thread.join(90)
+            assert isinstance(outcome.get("error"), RankFailedError), outcome
+            assert_all_gone([child, rank], within=10)
+        finally:
+            runner.cancel()
+            thread.join(60)
+            for pid in pid_dir.glob("*.pid"):
+                if alive(int(pid.read_text())):
+                    os.kill(int(pid.read_text()), signal.SIGKILL)
+
+
+FAKE_AGENT = """
+import os, subprocess, sys, threading, time
+read, write = os.pipe()
+rank = "import subprocess, time; print(subprocess.Popen(['sleep', '307']).pid, flush=True); time.sleep(120)"
+subprocess.Popen([sys.executable, "-I", "-S", sys.argv[1], str(os.getpid()), sys.executable, "-c", rank],
+                 env={**os.environ, "HVD_RUNNER_CONTROL_FD": str(write)}, pass_fds=(write,), start_new_session=True)
+for _ in range(20):  # an agent's threads: the kernel hands the reaper from one to the next as they exit
+    threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+time.sleep(120)
+"""
+
+
+def test_a_reaper_sent_many_sigterms_still_ends_what_is_below_it():
+    """The agent's SIGTERM, then one parent-death signal per agent thread as it dies: before, a second SIGTERM
+    while the reaper handled the first ended it at once, and the rank's child lived on (2 of 10 here)."""
+    from jobs import alive
+
+    from airflow_provider_hvd.runner import reaper
+
+    left = []
+    for _ in range(10):
+        agent = subprocess.Popen([sys.executable, "-c", FAKE_AGENT, reaper.__file__], stdout=subprocess.PIPE, text=True)
+        child = int(agent.stdout.readline())
+        reaper_pid = psutil.Process(child).parent().parent().pid
+        agent.kill()
+        for _ in range(3000):
+            try:
+                os.kill(reaper_pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
+        agent.wait()
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(child):
+            left.append(child)
+            os.kill(child, signal.SIGKILL)
+    assert not left, f"{len(left)} of 10 rank children outlived their reaper"
 
 
 def test_cgroup_v2_files_are_read(tmp_path):

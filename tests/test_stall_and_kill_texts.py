@@ -123,6 +123,22 @@ def test_kill_texts_without_an_oom_kill():
     assert describe_kill({"signal": "SIGBUS"}).startswith("Likely cause: a crash in native code (SIGBUS)")
 
 
+def test_an_oom_kill_counted_only_by_the_host_is_the_cause_only_where_the_cgroup_could_not_tell():
+    """Before: a host-wide count made the OOM killer the likely cause although the rank's cgroup counted none."""
+    elsewhere = {"signal": "SIGKILL", "cgroup": "/c", "cgroup_oom_kills": 0, "host_oom_kills": 3}
+    assert describe_kill(elsewhere) == (
+        "No OOM kill was counted while it ran by its memory cgroup /c, which counts every OOM kill of its processes; "
+        "the host counted 3, of processes outside it: SIGKILL came from elsewhere (the cluster manager enforcing a "
+        "limit, e.g. YARN's memory check or Kubernetes' eviction, or a person). Memory limits in force: no memory "
+        "limit on its cgroup /c or its parents."
+    )
+    unknown_cgroup = {"signal": "SIGKILL", "cgroup": None, "cgroup_oom_kills": None, "host_oom_kills": 2}
+    assert describe_kill(unknown_cgroup).startswith(
+        "Likely cause: the kernel's OOM killer ended it for memory: the host counted 2 OOM kill(s) while it ran "
+        "(its memory cgroup's count is unknown)."
+    )
+
+
 def test_horovods_own_stall_warning_is_not_activity():
     """Its lines, as horovod/common/stall_inspector.cc (0.28.1) writes them through its logger."""
     warning = [

@@ -30,6 +30,10 @@ class _Terminate(Exception):
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    # Once: a dying agent sends several (the parent-death signal comes each time the kernel hands the reaper to
+    # another of the agent's threads as they exit). A second one raised while the first is handled (a later
+    # signal.signal() runs pending handlers first) would end the reaper before it ended what is below it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise _Terminate
 
 
@@ -141,11 +145,11 @@ def main(argv: list[str]) -> None:
             os.dup2(devnull, fd)
         os.close(devnull)
         os.close(control_fd)
-        status = os.waitpid(rank.pid, 0)[1]
+        os.waitid(os.P_PID, rank.pid, os.WEXITED | os.WNOWAIT)  # left uncollected: a SIGTERM now still finds it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        status = os.waitpid(rank.pid, 0)[1]
         grace = LEFTOVER_GRACE_S
     except _Terminate:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if rank is None:
             os._exit(128 + signal.SIGTERM)
         status, grace = _terminate(rank.pid)

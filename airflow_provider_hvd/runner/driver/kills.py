@@ -57,8 +57,8 @@ def describe_kill(evidence: dict[str, Any]) -> str:
     seen = []
     if cgroup_kills:
         seen.append(f"its memory cgroup {evidence['cgroup']} counted {cgroup_kills} OOM kill(s) while it ran")
-    elif host_kills:
-        seen.append(f"the host counted {host_kills} OOM kill(s) while it ran")
+    elif host_kills and cgroup_kills is None:  # the host's count is evidence only where the cgroup's is unknown
+        seen.append(f"the host counted {host_kills} OOM kill(s) while it ran (its memory cgroup's count is unknown)")
     if kernel:
         seen.append("the kernel log says: " + " | ".join(kernel))
     if seen:
@@ -70,7 +70,14 @@ def describe_kill(evidence: dict[str, Any]) -> str:
         if host_kills == 0:
             counted.append("the host")
         elsewhere = _ELSEWHERE
-        if counted:
+        if cgroup_kills == 0 and host_kills:
+            # the cgroup counts every OOM kill of its processes, the host's own and the cgroup limit's alike
+            text = (
+                f"No OOM kill was counted while it ran by its memory cgroup {evidence['cgroup']}, which counts "
+                f"every OOM kill of its processes; the host counted {host_kills}, of processes outside it: SIGKILL "
+                f"came from elsewhere ({elsewhere})."
+            )
+        elif counted:
             by = " or ".join(counted)
             text = f"No OOM kill was counted while it ran (by {by}): SIGKILL came from elsewhere ({elsewhere})."
         else:
