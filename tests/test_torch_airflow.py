@@ -64,6 +64,15 @@ def test_killed_task_fails_and_leaves_no_process(dags, tmp_path):
     assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))
 
 
+def test_a_stalled_task_fails_saying_where_its_processes_were(dags, caplog, capsys):
+    run = dags["torch_stalled"].test()  # stall_timeout=10 s
+    assert states(run) == {"train_until_stalled": "failed"}
+    task_log = capsys.readouterr().out + caplog.text
+    assert "RunStalledError" in task_log, task_log[-5000:]
+    assert "reported progress for 10s (stall_timeout=10)" in task_log, task_log[-5000:]
+    assert "was in wait_for_data (" in task_log and "torch_test_dags.py, line " in task_log, task_log[-5000:]
+
+
 def test_bad_num_processes_is_refused_when_the_dag_is_parsed():
     from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pendulum
 from airflow.sdk import DAG, task
 
@@ -51,3 +53,22 @@ with DAG("torch_on_kill", schedule=None, start_date=START, catchup=False, params
         time.sleep(300)
 
     train_forever(pid_dir="{{ params.pid_dir }}")
+
+
+def wait_for_data() -> None:
+    import time
+
+    time.sleep(3600)  # a read that never returns
+
+
+with DAG("torch_stalled", schedule=None, start_date=START, catchup=False):
+
+    @task.torch_distributed(num_processes=2, use_gpu=False, stall_timeout=timedelta(seconds=10))
+    def train_until_stalled() -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        print("epoch 1 done", flush=True)
+        wait_for_data()
+
+    train_until_stalled()
