@@ -47,6 +47,7 @@ from ..shared.messages import (
     Metrics,
     RankState,
     Result,
+    Returned,
     Start,
     decode,
     frame,
@@ -230,10 +231,10 @@ def _ready(sock: socket.socket, events: int) -> bool:
 
 @dataclass(frozen=True)
 class ChannelEvent:
-    """An agent said hello, reported (Done or AgentFailed), or its connection ended before it reported."""
+    """An agent said hello, its rank returned, it reported (Done or AgentFailed), or its connection ended before."""
 
     conn: AgentConnection
-    message: Hello | Done | AgentFailed | None  # None: lost
+    message: Hello | Returned | Done | AgentFailed | None  # None: lost
     lost: str = ""
     silent_for: float | None = None  # lost because nothing came from it for this long (heartbeat timeout)
 
@@ -497,8 +498,9 @@ class DriverChannel:
         elif isinstance(message, (Metrics, Checkpoint)):
             if self.on_progress is not None:
                 self.on_progress(conn.rank, message)
-        elif isinstance(message, Hello):
-            conn.hello = message
+        elif isinstance(message, (Hello, Returned)):
+            if isinstance(message, Hello):
+                conn.hello = message
             self.events.put(ChannelEvent(conn, message))
         elif isinstance(message, (Done, AgentFailed)):
             conn.done = message if isinstance(message, Done) else None
