@@ -146,6 +146,75 @@ def test_the_job_runs_once_the_other_application_leaves(busy_session, holder, qu
     assert waits(quick_reports), "the run did not report its wait"
 
 
+def hold_a_slot(started_dir: str, held: str):
+    """A Spark task that holds its slot while the file ``held`` exists (another job of the same application)."""
+
+    def task(partition):
+        import os
+        import time
+
+        index = next(iter(partition), None)
+        open(os.path.join(started_dir, f"task-{index}"), "w").close()
+        while os.path.exists(held):
+            time.sleep(0.1)
+        return []
+
+    return task
+
+
+class _ReleaseOnWait(logging.Handler):
+    """Removes ``held`` at the runner's first report of its wait (what the test waits for, not a time)."""
+
+    def __init__(self, held) -> None:
+        super().__init__()
+        self.held = held
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "waiting for" in record.getMessage():
+            self.held.unlink(missing_ok=True)
+
+
+def test_slots_held_by_the_applications_own_jobs_are_waited_for(busy_session, holder, quick_reports, tmp_path):
+    """Before: the wait counted the slots that exist (2), returned at once, and the run failed after the start
+    timeout (LaunchError "only 0 of 2 ranks had started after 120s") while another job of the same application
+    held both slots; the wait never said what it waited for."""
+    holder.stdin.close()  # the other application leaves, if an earlier test has not made it leave
+    sc = busy_session.sparkContext
+    deadline = time.monotonic() + 120
+    while slots.slots_now(sc) < 2 and time.monotonic() < deadline:  # its executors come as the holder leaves
+        time.sleep(0.2)
+    assert slots.slots_now(sc) == 2
+    held, started = tmp_path / "held", tmp_path / "started"
+    held.touch()
+    started.mkdir()
+    job = threading.Thread(
+        target=lambda: sc.parallelize(range(2), 2).mapPartitions(hold_a_slot(str(started), str(held))).collect()
+    )
+    job.start()
+    tracker = sc.statusTracker()
+
+    def running() -> int:
+        return sum(info.numActiveTasks for s in tracker.getActiveStageIds() if (info := tracker.getStageInfo(s)))
+
+    while (len(list(started.iterdir())) < 2 or running() < 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running() == 2, "the other job did not take both slots"
+    release = _ReleaseOnWait(held)
+    logger = logging.getLogger("airflow_provider_hvd.runner")
+    logger.addHandler(release)
+    try:
+        runner = HorovodRunner(np=2)
+        runner.start_timeout_s = 60  # (before, the run failed after it: no need to wait the whole 120 s)
+        result = runner.run(allreduce_sum)
+    finally:
+        logger.removeHandler(release)
+        held.unlink(missing_ok=True)
+        job.join(60)
+    assert result["size"] == 2 and result["sum"] == 3.0
+    assert waits(quick_reports), "the run did not wait for the slots the other job held"
+    assert "the application has 2 of the 2 it could hold, 2 of them busy with its other jobs" in waits(quick_reports)[0]
+
+
 def test_a_wait_on_a_master_whose_ui_does_not_answer_says_the_total_is_unknown_and_names_the_setting(
     busy_session, quick_reports
 ):

@@ -1,6 +1,7 @@
-"""Task slots for a barrier job: how many the application has now, the most it could ever get, waiting for them.
+"""Task slots for a barrier job: how many the application has free now, the most it could ever get, waiting for them.
 
-A barrier stage of ``np`` tasks starts only when ``np`` task slots are free at once. As sparkdl does, a busy
+A barrier stage of ``np`` tasks starts only when ``np`` task slots are free at once (the application's own other
+jobs, e.g. another Airflow task's run in the hook's shared session, may hold some). As sparkdl does, a busy
 cluster that could hold the job is waited for (with a report every 30 s), up to a bound; a job that can
 never fit (more ranks than a local master's cores or a standalone cluster's) is refused at once.
 """
@@ -41,6 +42,18 @@ def slots_now(sc: SparkContext) -> int:
     """How many tasks the application's executors can run at once right now (what a barrier stage needs)."""
     jsc = sc._jsc.sc()
     return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def busy_slots(sc: SparkContext) -> int:
+    """How many task slots the application's running tasks hold now (its other jobs': one session may serve
+    several Airflow tasks at once)."""
+    tracker = sc.statusTracker()
+    stages = (tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds())
+    return sum(stage.numActiveTasks for stage in stages if stage is not None)
+
+
+def _busy_note(busy: int) -> str:
+    return f", {busy} of them busy with its other jobs" if busy else ""
 
 
 def _mebibytes(size: str) -> int:
@@ -197,21 +210,22 @@ def wait_for_slots(
     timeout: float = DEFAULT_SLOT_WAIT_S,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Return once the application has ``size`` task slots; wait up to ``timeout`` seconds for a busy cluster.
+    """Return once the application has ``size`` free task slots (its executors' slots less those its running
+    tasks hold); wait up to ``timeout`` seconds for a busy cluster or application.
 
     Raises LaunchError at once when ``size`` can never fit, or when the wait ends without the slots;
     RunCancelledError when ``cancelled()`` turns true while waiting.
     """
     check_barrier_allowed(sc, size)
-    slots = slots_now(sc)
-    if slots >= size:
+    slots, busy = slots_now(sc), busy_slots(sc)
+    if slots - busy >= size:
         return
     total = slots_at_most(sc)
     if total is not None and total < size:
         raise _never_fits(sc, size, total)
     started = time.monotonic()
     next_report = started + min(FIRST_REPORT_S, REPORT_EVERY_S)
-    while slots < size:
+    while slots - busy < size:
         now = time.monotonic()
         if cancelled():
             raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots on {sc.master}")
@@ -224,8 +238,8 @@ def wait_for_slots(
             unknown = total_unknown_note(sc) if total is None else ""
             raise LaunchError(
                 f"HorovodRunner(np={size}) waited {now - started:.0f}s for {size} free Spark task slots on "
-                f"{sc.master}, and the application has {slots} (the cluster is busy with other jobs, or its "
-                f"executors cannot start{'; ' + unknown if unknown else ''})."
+                f"{sc.master}, and the application has {slots}{_busy_note(busy)} (the cluster or the application "
+                f"is busy with other jobs, or its executors cannot start{'; ' + unknown if unknown else ''})."
                 f"{limits_note(master_state(sc), dict(sc.getConf().getAll()), size)} Wait longer (slot_wait_timeout, "
                 f"now {timeout:g}s), free the cluster, or lower np."
             )
@@ -233,12 +247,13 @@ def wait_for_slots(
             unknown = total_unknown_note(sc) if total is None else ""
             at_most = f" of the {total} it could hold" if total is not None else f"; {unknown}" if unknown else ""
             log.warning(
-                "HorovodRunner: waiting for %d Spark task slots on %s; the application has %d%s "
+                "HorovodRunner: waiting for %d free Spark task slots on %s; the application has %d%s%s "
                 "(%.0fs waited, up to %gs)",
                 size,
                 sc.master,
                 slots,
                 at_most,
+                _busy_note(busy),
                 now - started,
                 timeout,
             )
@@ -247,4 +262,4 @@ def wait_for_slots(
             if total is not None and total < size:
                 raise _never_fits(sc, size, total)
         time.sleep(POLL_S)
-        slots = slots_now(sc)
+        slots, busy = slots_now(sc), busy_slots(sc)
