@@ -99,3 +99,37 @@ def test_a_hook_run_logs_no_py4j_chatter_and_no_dash_for_a_ui_it_has_not(caplog,
     assert "Closing down clientserver connection" not in caplog.text  # py4j's lines go through logging
     started = [line for line in capsys.readouterr().out.splitlines() if "Spark master local[2], application " in line]
     assert started and "UI -" not in started[0], started
+
+
+def keytab_there(path: str) -> bool:
+    import os
+
+    return os.path.exists(path)
+
+
+def test_the_keytab_file_lives_as_long_as_its_session(monkeypatch, no_session_left):
+    """Before: the keytab of the connection's extra, written to a temporary file, stayed there for good."""
+    import base64
+    from pathlib import Path
+
+    from pyspark import SparkContext
+
+    from airflow_provider_hvd.hooks.spark_output import stop_gateway
+
+    if SparkContext._gateway is not None:  # a JVM that an earlier module's session left: not the hook's to stop
+        stop_gateway(SparkContext._gateway)
+    keytab = base64.b64encode(b"\x05\x02\x00\x00\x00\x3c a made-up keytab").decode()
+    connection = {"conn_type": "spark", "host": "local[2]", "extra": {"keytab": keytab}}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_KERBEROS_LOCAL", json.dumps(connection))
+    hook = HorovodHook("spark_kerberos_local")
+    path = hook.resolve()[1]["spark.kerberos.keytab"]
+    assert hook.run(keytab_there, kwargs={"path": path}, np=1) is True  # there while the session runs
+    assert not Path(path).exists(), "the keytab outlived its session"
+
+    def buggy_gateway(conf):
+        raise RuntimeError("no JVM")
+
+    monkeypatch.setattr(hook_module, "launch_logged_gateway", buggy_gateway)
+    with pytest.raises(LaunchError, match="no JVM"):
+        HorovodHook("spark_kerberos_local").run(keytab_there, kwargs={"path": path}, np=1)
+    assert not Path(path).exists(), "the keytab outlived a session that did not start"

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import logging
 import os
 import socket
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_provider_hvd.hooks.keytab import KEYTAB_CONF, keytab_file, remove_keytab
 from airflow_provider_hvd.hooks.shared_session import shared_session
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url
@@ -38,7 +34,6 @@ _EXTRA_TO_CONF = {
     "namespace": "spark.kubernetes.namespace",
     "principal": "spark.kerberos.principal",  # what spark-submit's --principal sets
 }
-KEYTAB_CONF = "spark.kerberos.keytab"  # what spark-submit's --keytab sets; the extra holds the keytab in base64
 # the apache-spark provider's other extras: they concern spark-submit or cluster mode, not a session in the task
 _SUBMIT_ONLY_EXTRAS = {"spark-binary", "rest-scheme", "rest-port", "yarn_resourcemanager_webapp_address"}
 HISTORY_SERVER_EXTRA = "history-server-url"
@@ -84,26 +79,6 @@ def _mask_in_airflow_logs(conf: Mapping[str, str]) -> None:
             mask_secret(value)
 
 
-def _keytab_file(conn_id: str, encoded: str) -> str:
-    """The keytab of a connection's ``keytab`` extra (base64, as the apache-spark provider takes it) as a file
-    only this user can read, named after its content (the same keytab is written once)."""
-    try:
-        keytab = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(
-            f"Connection {conn_id!r} has a keytab extra that is not base64: give the output of "
-            "`base64 -w0 <your.keytab>`, as the apache-spark provider expects."
-        ) from None
-    path = Path(tempfile.gettempdir(), f"hvd-keytab-{os.getuid()}-{hashlib.sha256(keytab).hexdigest()[:16]}")
-    if not (path.exists() and path.read_bytes() == keytab):
-        staging = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(keytab)
-        os.replace(staging, path)
-    return str(path)
-
-
 def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
     """The Spark master URL and the SparkConf settings a ``spark`` connection stands for.
 
@@ -142,7 +117,7 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
     conf = {key: str(value) for key, value in extra.items() if key.startswith("spark.")}
     conf.update({_EXTRA_TO_CONF[key]: str(extra[key]) for key in _EXTRA_TO_CONF if extra.get(key)})
     if extra.get("keytab"):
-        conf[KEYTAB_CONF] = _keytab_file(conn.conn_id, str(extra["keytab"]))
+        conf[KEYTAB_CONF] = keytab_file(conn.conn_id, str(extra["keytab"]))
     return master, conf
 
 
@@ -283,6 +258,7 @@ class HorovodHook(BaseHook):
                 logging.getLogger(name).setLevel(logging.WARNING)
         running = SparkContext._active_spark_context
         if running is not None:
+            remove_keytab(conf, unless_used_by=dict(running.getConf().getAll()))  # the running one keeps its own
             self._check_running(running, master, conf)
             return SparkSession.builder.getOrCreate(), False
         self._check_master(master)
@@ -304,6 +280,7 @@ class HorovodHook(BaseHook):
         except Exception as exc:
             reason = summary(exc, first_line=True)
             self.stop()
+            remove_keytab(conf)
             error = LaunchError(f"Could not start a Spark session on {master} (connection {self.conn_id!r}): {reason}")
             if _said_by_spark(exc):
                 raise error from None  # the JVM's stack trace would bury the reason

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from airflow_provider_hvd.hooks.keytab import remove_keytab
 from airflow_provider_hvd.hooks.spark_output import stop_gateway
 
 if TYPE_CHECKING:
@@ -47,9 +48,11 @@ class SharedSession:
             self.users -= 1
             if self.users:
                 return
+            conf = dict(spark.sparkContext.getConf().getAll())
             try:
                 spark.stop()
             finally:
+                remove_keytab(conf)  # the keytab the session was started with, written for it
                 gateway, self._gateway = self._gateway, None
                 if gateway is not None:
                     stop_gateway(gateway)
