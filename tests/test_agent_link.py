@@ -17,12 +17,13 @@ from test_channel_tls import ProxiedLauncher, RecordingProxy, relayed
 from airflow_provider_hvd import RankFailedError
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
 from airflow_provider_hvd.runner.agent.liveness import DriverWatch
+from airflow_provider_hvd.runner.driver.local_launch import LocalLauncher
 from airflow_provider_hvd.runner.driver.progress import RunProgress
 from airflow_provider_hvd.runner.driver.supervisor import Supervisor
 from airflow_provider_hvd.runner.shared.liveness import Liveness
 from airflow_provider_hvd.runner.shared.messages import DriverAlive, frame
 from airflow_provider_hvd.runner.shared.payload import dumps_job
-from airflow_provider_hvd.runner.shared.wire import NONCE_BYTES, PROOF_BYTES, FrameStream, Kind
+from airflow_provider_hvd.runner.shared.wire import NONCE_BYTES, PIECE_BYTES, PROOF_BYTES, FrameStream, Kind
 
 REPORTS = 300
 REPORTS_WITHIN_S = 2.0  # 300 reports on a link backed up for seconds: no call waits on it (margin for load)
@@ -218,3 +219,16 @@ def test_the_agent_ends_the_link_when_the_driver_closed_it_with_bytes_left_unrea
     finally:
         watch.stop()
         agent_end.close()
+
+
+def big_bytes(size: int) -> bytes:
+    return bytes(range(256)) * (size // 256) + b"tail"
+
+
+def test_a_result_larger_than_a_piece_arrives_whole():
+    """A result over PIECE_BYTES is kept in pieces on the driver and unpickled from them (wire.Pieces)."""
+    size = PIECE_BYTES + (3 << 20)
+    payload = dumps_job(big_bytes, (size,), {})
+    result = Supervisor(LocalLauncher(1), payload, "log_callback_only", lambda: False, 120.0).run()
+    assert isinstance(result, bytes) and len(result) == size + 4
+    assert result == big_bytes(size)
