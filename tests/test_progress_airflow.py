@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from urllib.parse import quote
 
 import pytest
@@ -140,3 +141,96 @@ def test_the_training_page_draws_each_metric(example_run, monkeypatch):
             client.get(url.replace("/train?", "/nope?"), headers={"Authorization": f"Bearer {token}"}).status_code
             == 404
         )
+
+
+def _injected(field: str) -> str:
+    """Markup that, if the page ran it, records ``field`` in ``window.ran`` (a script and an event handler)."""
+    record = f"window.ran=(window.ran||[]).concat(['{field}'])"
+    return f'<script>{record}</script><img src="x" onerror="{record}">'
+
+
+def test_the_training_page_runs_no_markup_from_the_store(example_run, monkeypatch):
+    """Before: rank, try_number, reports and thinned_by went into the page unescaped (any task can write its
+    store), and a thinned_by that is not a number failed the page."""
+    import socket
+    import threading
+    import urllib.request
+
+    import uvicorn
+    from airflow.api_fastapi.app import create_app
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from browser import Browser, chromium_path
+    from sqlalchemy import update
+    from starlette.routing import Mount
+
+    from airflow_provider_hvd.plugins.training_tab import TAB_HREF, TrainingTabPlugin
+
+    if chromium_path() is None:
+        pytest.fail("no chromium on PATH: `apt-get install -y chromium` (make setup does)")
+    fields = ["rank", "try_number", "reports", "updated", "thinned_by"]
+    metrics = {field: _injected(field) for field in fields}
+    metrics["series"] = {_injected("series name"): [[1, 0.5], [_injected("step"), _injected("value")], [3, 0.25]]}
+    checkpoint = {"path": _injected("path"), "epoch": _injected("info"), "reported_at": _injected("reported_at")}
+    checkpoint["try_number"] = _injected("checkpoint try_number")
+    before = stored(example_run, "train")
+
+    def store(values: dict) -> None:
+        with create_session() as session:
+            for key, value in values.items():
+                session.execute(
+                    update(TaskStateStoreModel)
+                    .where(
+                        TaskStateStoreModel.dag_id == example_run.dag_id,
+                        TaskStateStoreModel.run_id == example_run.run_id,
+                        TaskStateStoreModel.task_id == "train",
+                        TaskStateStoreModel.key == key,
+                    )
+                    .values(value=json.dumps(value))
+                )
+
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "hvd-tests-only")
+    app = create_app()
+    plugin_app = TrainingTabPlugin.fastapi_apps[0]
+    app.router.routes.insert(0, Mount(plugin_app["url_prefix"], app=plugin_app["app"]))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    store({METRICS_KEY: metrics, CHECKPOINT_KEY: checkpoint})
+    serving.start()
+    browser = None
+    try:
+        while not server.started and serving.is_alive():
+            time.sleep(0.05)
+        password = SimpleAuthManager.get_passwords()["admin"]
+        request = urllib.request.Request(
+            f"{base}/auth/token",
+            data=json.dumps({"username": "admin", "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            token = json.loads(reply.read())["access_token"]
+        browser = Browser()
+        browser.call("Network.enable", session=True)
+        browser.call("Network.setExtraHTTPHeaders", session=True, headers={"Authorization": f"Bearer {token}"})
+        url = TAB_HREF.format(
+            DAG_ID="horovod_train_example", RUN_ID=quote(example_run.run_id, safe=""), TASK_ID="train", MAP_INDEX=-1
+        )
+        browser.open(base + url)
+        browser.wait_for("!!document.querySelector('#checkpoint')", what="the Training page")
+        browser.wait_for("document.readyState === 'complete'", what="the page and its images loaded")
+        assert browser.evaluate("window.ran || []") == []
+        text = browser.evaluate("document.body.innerText")
+        for field in [*fields, "path", "info", "reported_at", "checkpoint try_number"]:
+            assert _injected(field) in text, (field, text)  # shown as the text it is
+        assert browser.evaluate("document.querySelectorAll('#panel script, #panel img').length") == 0
+        assert browser.evaluate("document.querySelectorAll('path.curve').length") == 1  # the numbers are drawn
+    finally:
+        if browser is not None:
+            browser.close()
+        server.should_exit = True
+        serving.join(30)
+        store(before)

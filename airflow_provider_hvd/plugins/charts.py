@@ -23,14 +23,26 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
     return low, high
 
 
-def _finite(points: Sequence[Sequence[float | None]]) -> list[tuple[float, float]]:
-    """The points with a finite value (the others are gaps in the curve)."""
-    return [(step or 0.0, value) for step, value in points if value is not None and math.isfinite(value)]
+def _number(value: object) -> float | None:
+    """``value`` as a finite float; None for anything else (a gap: the store may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _points(points: object) -> list[tuple[float, float | None]]:
+    """``[step, value]`` pairs as numbers (a step that is not one: 0; a value: None, a gap)."""
+    if not isinstance(points, list | tuple):
+        return []
+    pairs = (point for point in points if isinstance(point, list | tuple) and len(point) == 2)
+    return [(_number(step) or 0.0, _number(value)) for step, value in pairs]
 
 
 def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = _COLORS[0]) -> str:
     """One metric's curve: ``points`` are ``[step, value]`` (value None: a gap). An SVG element, as text."""
-    finite = [(float(step), float(value)) for step, value in _finite(points)]
+    pairs = _points(points)
+    finite = [(step, value) for step, value in pairs if value is not None]
+    name = str(name)
     title = f'<text x="{_LEFT}" y="18" class="title">{escape(name)}</text>'
     frame = (
         f'<rect x="{_LEFT}" y="{_TOP}" width="{WIDTH - _LEFT - _RIGHT}" height="{HEIGHT - _TOP - _BOTTOM}" '
@@ -49,11 +61,11 @@ def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = 
         return _TOP + (1 - (value - y0) / (y1 - y0)) * plot_h
 
     commands, pen_down = [], False
-    for step, value in points:
-        if value is None or not math.isfinite(value):
+    for step, value in pairs:
+        if value is None:
             pen_down = False
             continue
-        commands.append(f"{'L' if pen_down else 'M'}{x(float(step or 0.0)):.1f},{y(value):.1f}")
+        commands.append(f"{'L' if pen_down else 'M'}{x(step):.1f},{y(value):.1f}")
         pen_down = True
     last_step, last_value = finite[-1]
     body = (

@@ -95,6 +95,11 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
     return {row.key: json.loads(row.value) for row in rows}
 
 
+def _text(value: object) -> str:
+    """A stored value as HTML text: every value the page shows comes from the store, which any task can write."""
+    return escape(str(value))
+
+
 def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     ti = session.execute(
         select(TaskInstance.state, TaskInstance.try_number).where(
@@ -107,23 +112,24 @@ def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int)
     entries = _entries(session, dag_id, run_id, task_id, map_index)
     metrics, checkpoint = entries.get(METRICS_KEY), entries.get(CHECKPOINT_KEY)
     parts = [
-        f'<div class="meta" data-live="{str(state not in FINISHED).lower()}" data-state="{escape(state)}">'
-        f"Task {escape(state)}, try {ti.try_number}"
+        f'<div class="meta" data-live="{str(state not in FINISHED).lower()}" data-state="{_text(state)}">'
+        f"Task {_text(state)}, try {_text(ti.try_number)}"
     ]
     if isinstance(metrics, dict):
         parts.append(
-            f" · metrics of rank {metrics.get('rank')} from try {metrics.get('try_number')}: "
-            f"{metrics.get('reports')} reports, last at {escape(str(metrics.get('updated')))}"
+            f" · metrics of rank {_text(metrics.get('rank'))} from try {_text(metrics.get('try_number'))}: "
+            f"{_text(metrics.get('reports'))} reports, last at {_text(metrics.get('updated'))}"
         )
-        if metrics.get("thinned_by", 1) > 1:
-            parts.append(f" (every {metrics['thinned_by']}th point shown)")
+        thinned_by = metrics.get("thinned_by", 1)
+        if not isinstance(thinned_by, int | float) or thinned_by > 1:
+            parts.append(f" (every {_text(thinned_by)}th point shown)")
     parts.append("</div>")
     if isinstance(checkpoint, dict) and "path" in checkpoint:
         parts.append(
-            f'<div class="checkpoint" id="checkpoint">Last checkpoint: {escape(describe_checkpoint(checkpoint))}'
-            f" at {escape(str(checkpoint.get('reported_at')))}</div>"
+            f'<div class="checkpoint" id="checkpoint">Last checkpoint: {_text(describe_checkpoint(checkpoint))}'
+            f" at {_text(checkpoint.get('reported_at'))}</div>"
         )
-    if isinstance(metrics, dict) and metrics.get("series"):
+    if isinstance(metrics, dict) and isinstance(metrics.get("series"), dict) and metrics["series"]:
         parts.append(f'<div class="charts">{charts_html(metrics["series"])}</div>')
     else:
         parts.append(
