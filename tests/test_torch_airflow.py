@@ -78,3 +78,5 @@ def test_bad_num_processes_is_refused_when_the_dag_is_parsed():
 
     with pytest.raises(ValueError, match="num_processes must be a positive int, not 0"):
         TorchDistributorOperator(task_id="t", python_callable=print, num_processes=0)
+    with pytest.raises(ValueError, match="exit_timeout must be a positive number of seconds"):
+        TorchDistributorOperator(task_id="t", python_callable=print, num_processes=2, exit_timeout=-5)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import SparkUILink, TrainingJobOperator
-from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
+from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
 from airflow_provider_hvd.runner.runner import HorovodRunner
 
@@ -59,7 +59,6 @@ class HorovodRunnerOperator(TrainingJobOperator):
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
-        self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
         super().__init__(
             python_callable=python_callable,
             op_args=op_args,
@@ -69,6 +68,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
             spark_conf=spark_conf,
             slot_wait_timeout=slot_wait_timeout,
             stall_timeout=stall_timeout,
+            exit_timeout=exit_timeout,
             **kwargs,
         )
         self.np = np
@@ -83,7 +83,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
         return self._np() < 0
 
     def make_runner(self, **common: Any) -> HorovodRunner:
-        return HorovodRunner(np=self._np(), exit_timeout=self.exit_timeout, **common)
+        return HorovodRunner(np=self._np(), **common)
 
     def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         return runner.run_with_args(self.python_callable, args, kwargs)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import TrainingJobOperator
+from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ class TorchDistributorOperator(TrainingJobOperator):
         ``{"spark.task.resource.gpu.amount": "1"}``.
     :param slot_wait_timeout: seconds to wait for free task slots on a busy cluster (default 600).
     :param stall_timeout: seconds or a timedelta (default None: off): as :class:`HorovodRunnerOperator`'s.
+    :param exit_timeout: seconds or a timedelta (default 120) for the processes' exit work once every one
+        returned: as :class:`HorovodRunnerOperator`'s.
 
     Progress, resume on retry, ``on_kill`` and the Spark UI link are as :class:`HorovodRunnerOperator`'s.
     """
@@ -54,6 +57,7 @@ class TorchDistributorOperator(TrainingJobOperator):
         spark_conf: dict[str, Any] | None = None,
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -65,6 +69,7 @@ class TorchDistributorOperator(TrainingJobOperator):
             spark_conf=spark_conf,
             slot_wait_timeout=slot_wait_timeout,
             stall_timeout=stall_timeout,
+            exit_timeout=exit_timeout,
             **kwargs,
         )
         if not isinstance(num_processes, str):  # a template is checked once rendered

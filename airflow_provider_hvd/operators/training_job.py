@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
+from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from airflow_provider_hvd.runner.driver.stalls import check_stall_timeout
 from airflow_provider_hvd.runner.errors import RunCancelledError
@@ -67,8 +68,10 @@ class TrainingJobOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
+        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
+        self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
@@ -88,7 +91,7 @@ class TrainingJobOperator(BaseOperator):
 
     def make_runner(self, **common: Any) -> JobRunner:
         """The runner of this task's job, from the (rendered) operator's own fields and ``common``: the
-        ``driver_log_verbosity``, ``slot_wait_timeout``, ``stall_timeout``, ``resume_from`` and
+        ``driver_log_verbosity``, ``slot_wait_timeout``, ``stall_timeout``, ``exit_timeout``, ``resume_from`` and
         ``progress_sink`` every runner takes."""
         raise NotImplementedError
 
@@ -128,6 +131,7 @@ class TrainingJobOperator(BaseOperator):
             driver_log_verbosity=self.driver_log_verbosity,
             slot_wait_timeout=self.slot_wait_timeout,
             stall_timeout=self.stall_timeout,
+            exit_timeout=self.exit_timeout,
             resume_from=progress.last_checkpoint() if progress else None,
             progress_sink=progress,
         )
