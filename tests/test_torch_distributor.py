@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,23 +14,26 @@ import pytest
 import torch
 import torch_jobs
 
-from airflow_provider_hvd import LaunchError, RankFailedError, TorchDistributor
+from airflow_provider_hvd import LaunchError, RankFailedError, RunStalledError, TorchDistributor
 from airflow_provider_hvd.runner.driver.consequences import is_consequence_error
 from airflow_provider_hvd.runner.shared.messages import RemoteError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def check_torchrun_contract(views: list[dict], hosts: int = 1) -> None:
-    """Every process got torchrun's env:// variables for one run of len(views) ranks on ``hosts`` hosts."""
+def check_torchrun_contract(views: list[dict], nodes: int = 1) -> None:
+    """Every process got torchrun's env:// variables for one run of len(views) ranks on ``nodes`` nodes (this
+    host for local runs, each Spark task on Spark: as PySpark runs torchrun in each task)."""
     size = len(views)
     assert [view["env"]["RANK"] for view in views] == [str(rank) for rank in range(size)]
     assert {view["env"]["WORLD_SIZE"] for view in views} == {str(size)}
     assert {view["env"]["ROLE_WORLD_SIZE"] for view in views} == {str(size)}
     assert [view["env"]["ROLE_RANK"] for view in views] == [view["env"]["RANK"] for view in views]
-    assert {view["env"]["GROUP_WORLD_SIZE"] for view in views} == {str(hosts)}
-    assert {view["env"]["LOCAL_WORLD_SIZE"] for view in views} == {str(size // hosts)}
-    assert sorted(view["env"]["LOCAL_RANK"] for view in views) == sorted(str(i % (size // hosts)) for i in range(size))
+    per_node = size // nodes
+    assert {view["env"]["GROUP_WORLD_SIZE"] for view in views} == {str(nodes)}
+    assert [view["env"]["GROUP_RANK"] for view in views] == [str(rank // per_node) for rank in range(size)]
+    assert {view["env"]["LOCAL_WORLD_SIZE"] for view in views} == {str(per_node)}
+    assert [view["env"]["LOCAL_RANK"] for view in views] == [str(rank % per_node) for rank in range(size)]
     assert len({view["env"]["TORCHELASTIC_RUN_ID"] for view in views}) == 1
     assert len({(view["env"]["MASTER_ADDR"], view["env"]["MASTER_PORT"]) for view in views}) == 1
     assert {view["env"]["TORCHELASTIC_USE_AGENT_STORE"] for view in views} == {"True"}
@@ -41,7 +46,31 @@ def test_ddp_on_processes_of_this_host():
     result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_jobs.train_ddp, steps=5)
     check_torchrun_contract(result["views"])
     assert {view["gloo_iface"] for view in result["views"]} == {"lo"}  # the interface that reaches the driver
-    assert result["views"][0]["env"]["MASTER_ADDR"] == "127.0.0.1"
+    env = result["views"][0]["env"]
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    with pytest.raises(ConnectionRefusedError):  # the driver's store ended with the run
+        socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=5).close()
+
+
+def test_progress_and_logs_of_torch_ranks(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd.ranks")
+    runner = TorchDistributor(2, True, False, resume_from={"path": "/ckpt/step-1.pt"})
+    assert runner.run(torch_jobs.report_progress, str(tmp_path)) == 0
+    assert runner.metrics == {"loss": [(1, 1.5), (2, 2.5)]}  # rank 0's: the mean of step + rank over the ranks
+    assert runner.checkpoint is not None and runner.checkpoint["path"] == str(tmp_path / "step-2.pt")
+    assert runner.checkpoint["step"] == 2 and runner.checkpoint["rank"] == 0
+    lines = [record.getMessage() for record in caplog.records if record.name == "airflow_provider_hvd.ranks"]
+    for rank in (0, 1):
+        assert any(f"rank {rank} resumed from /ckpt/step-1.pt" in line for line in lines), lines
+
+
+def test_a_stalled_torch_run_says_where_each_rank_was():
+    with pytest.raises(RunStalledError) as caught:
+        TorchDistributor(2, True, False, stall_timeout=4).run(torch_jobs.hang_in_a_collective)
+    text = str(caught.value)
+    assert caught.value.ranks == [0, 1], text
+    assert "was in hang_in_a_collective" in text, text
+    assert "all_reduce" in caught.value.stacks[0], caught.value.stacks[0]
 
 
 def test_ddp_on_spark_gives_pysparks_weights(spark_local):
@@ -51,7 +80,7 @@ def test_ddp_on_spark_gives_pysparks_weights(spark_local):
     from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
 
     ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
-    check_torchrun_contract(ours["views"])
+    check_torchrun_contract(ours["views"], nodes=2)  # one process per task, each task a node
     pyspark_cloudpickle.register_pickle_by_value(torch_jobs)  # its ranks do not have the tests' modules
     try:
         theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)

@@ -127,3 +127,39 @@ def gpu_view() -> dict:
     dist.all_gather_object(views, own)
     dist.destroy_process_group()
     return {"views": views}
+
+
+def report_progress(checkpoint_dir: str) -> int:
+    """log_to_driver, log_metrics and report_checkpoint from torch ranks (rank 0's are the ones kept)."""
+    import torch
+    import torch.distributed as dist
+
+    from airflow_provider_hvd import last_checkpoint, log_metrics, log_to_driver, report_checkpoint
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    resumed = last_checkpoint()
+    for step in (1, 2):
+        loss = torch.tensor([float(step + rank)])
+        dist.all_reduce(loss)
+        log_metrics(step, loss=loss.item() / dist.get_world_size())
+    log_to_driver(f"rank {rank} resumed from {resumed and resumed['path']}")
+    if rank == 0:
+        path = os.path.join(checkpoint_dir, "step-2.pt")
+        torch.save({"step": 2}, path)
+        report_checkpoint(path, step=2)
+    dist.destroy_process_group()
+    return rank
+
+
+def hang_in_a_collective() -> None:
+    """Rank 1 waits forever outside torch; rank 0 waits for it in an all_reduce."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        threading.Event().wait()
+    dist.all_reduce(torch.ones(1))

@@ -1,7 +1,9 @@
 """What kind of ranks a run starts: Horovod's or plain torch.distributed's (everything else is shared).
 
-A kind serves the ranks' rendezvous on the driver, gives each agent its rank (ranks on one host
-contiguous, in agent order) and sets each rank's environment: Horovod's Gloo rendezvous and ``HOROVOD_*``
+A kind serves the ranks' rendezvous on the driver, gives each agent its rank (ranks on one node
+contiguous, in agent order: a node is a host for Horovod, as in Horovod's own host assignment; a Spark task
+for torch, as in PySpark's TorchDistributor, which runs ``torchrun`` in each task) and sets each rank's
+environment: Horovod's Gloo rendezvous and ``HOROVOD_*``
 variables, or ``torchrun``'s ``env://`` contract around a ``TCPStore`` the driver serves. Their consequence
 errors (one rank's reaction to another's failure) are in :mod:`.consequences`. Only the Horovod kind
 imports Horovod, when a run of it starts.
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import LaunchError
 from ..shared import torch_env
+from ..shared.messages import Hello
 from .address import RENDEZVOUS, DriverAddress
 
 if TYPE_CHECKING:
@@ -34,7 +37,8 @@ _STORE_BACKLOG = 1024
 
 
 class Slot(Protocol):
-    """One agent's rank (the fields of Horovod's ``SlotInfo``)."""
+    """One agent's rank (the fields of Horovod's ``SlotInfo``); ``hostname`` names its node (GPUs are shared
+    by the ranks of a node, :mod:`..shared.gpus`)."""
 
     hostname: str
     rank: int
@@ -51,8 +55,8 @@ class RankKind(Protocol):
     def open(self, driver: DriverAddress) -> str:
         """Serve the rendezvous on the driver's address; where it listens, for the log."""
 
-    def plan(self, hosts: Sequence[str], peers: Sequence[str]) -> Sequence[Slot]:
-        """Each agent's rank (``hosts[i]``: agent i's host; ``peers[i]``: its address as the driver sees it)."""
+    def plan(self, hellos: Sequence[Hello], peers: Sequence[str]) -> Sequence[Slot]:
+        """Each agent's rank (``hellos[i]``: agent i's hello; ``peers[i]``: its address as the driver sees it)."""
 
     def env(self, slot: Slot) -> dict[str, str]:
         """What makes the rank with ``slot`` join this run."""
@@ -61,28 +65,34 @@ class RankKind(Protocol):
 
 
 @dataclass
-class HostSlot:
-    hostname: str
+class NodeSlot:
+    hostname: str  # the node: a host, or a Spark task on its host
     rank: int
     local_rank: int
-    cross_rank: int  # the host's index
+    cross_rank: int  # the node's index
     size: int
     local_size: int
-    cross_size: int  # the number of hosts
+    cross_size: int  # the number of nodes
 
 
-def plan_by_host(hosts: Sequence[str]) -> list[HostSlot]:
-    """Ranks in agent order within each host, hosts in the order of their first agent; slots in agent order."""
-    per_host: OrderedDict[str, list[int]] = OrderedDict()
-    for agent, host in enumerate(hosts):
-        per_host.setdefault(host, []).append(agent)
-    slots: list[HostSlot | None] = [None] * len(hosts)
+def plan_by_node(nodes: Sequence[str]) -> list[NodeSlot]:
+    """Ranks in agent order within each node (``nodes[i]``: agent i's), nodes in the order of their first agent;
+    slots in agent order."""
+    per_node: OrderedDict[str, list[int]] = OrderedDict()
+    for agent, node in enumerate(nodes):
+        per_node.setdefault(node, []).append(agent)
+    slots: list[NodeSlot | None] = [None] * len(nodes)
     rank = 0
-    for index, (host, agents) in enumerate(per_host.items()):
+    for index, (node, agents) in enumerate(per_node.items()):
         for local_rank, agent in enumerate(agents):
-            slots[agent] = HostSlot(host, rank, local_rank, index, len(hosts), len(agents), len(per_host))
+            slots[agent] = NodeSlot(node, rank, local_rank, index, len(nodes), len(agents), len(per_node))
             rank += 1
     return [slot for slot in slots if slot is not None]
+
+
+def torch_node(hello: Hello) -> str:
+    """A torch rank's node: its Spark task (PySpark runs ``torchrun`` in each), or its host for local runs."""
+    return hello.host if hello.executor is None else f"{hello.host} (Spark task {hello.partition})"
 
 
 class HorovodKind:
@@ -106,9 +116,9 @@ class HorovodKind:
         )
         return f"Gloo rendezvous on {driver.describe(self._rendezvous.port)}"
 
-    def plan(self, hosts: Sequence[str], peers: Sequence[str]) -> Sequence[Slot]:
+    def plan(self, hellos: Sequence[Hello], peers: Sequence[str]) -> Sequence[Slot]:
         assert self._rendezvous is not None
-        plan: list[Any] = self._module.plan_ranks(list(hosts))  # Horovod's own host assignment
+        plan: list[Any] = self._module.plan_ranks([hello.host for hello in hellos])  # Horovod's host assignment
         self._rendezvous.init(plan, peers)
         return plan
 
@@ -165,8 +175,8 @@ class TorchKind:
         self._advertised, self._port = driver.advertised, int(self._store.port)
         return f"torch.distributed store (TCPStore) on {driver.describe(self._port)}"
 
-    def plan(self, hosts: Sequence[str], peers: Sequence[str]) -> Sequence[Slot]:
-        return plan_by_host(hosts)
+    def plan(self, hellos: Sequence[Hello], peers: Sequence[str]) -> Sequence[Slot]:
+        return plan_by_node([torch_node(hello) for hello in hellos])
 
     def env(self, slot: Slot) -> dict[str, str]:
         return torch_env.slot_env(slot, self._advertised, self._port, self.run_id, os.environ)

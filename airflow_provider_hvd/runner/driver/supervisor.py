@@ -323,8 +323,8 @@ class Supervisor:
 
     def _start_ranks(self) -> None:
         self._agents.sort(key=lambda conn: (conn.hello.partition or 0, conn.hello.process))  # type: ignore[union-attr]
-        hosts = [conn.hello.host for conn in self._agents]  # type: ignore[union-attr]
-        plan = self._kind.plan(hosts, [conn.peer_host for conn in self._agents])
+        hellos = [conn.hello for conn in self._agents if conn.hello is not None]
+        plan = self._kind.plan(hellos, [conn.peer_host for conn in self._agents])
         gpus = self._visible_gpus(plan)
         for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
             env = {**self._kind.env(slot), **self._progress.rank_env()}

@@ -23,8 +23,8 @@ class TorchSlot(Protocol):
     size: int
     local_rank: int
     local_size: int
-    cross_rank: int  # the host's index: torchrun's node rank (GROUP_RANK)
-    cross_size: int  # the number of hosts: torchrun's nodes (GROUP_WORLD_SIZE)
+    cross_rank: int  # the node's index: torchrun's node rank (GROUP_RANK)
+    cross_size: int  # the number of nodes (GROUP_WORLD_SIZE)
 
 
 def slot_env(
