@@ -27,7 +27,8 @@ from airflow_provider_hvd.runner.shared.wire import NONCE_BYTES, PIECE_BYTES, PR
 
 REPORTS = 300
 REPORTS_WITHIN_S = 2.0  # 300 reports on a link backed up for seconds: no call waits on it (margin for load)
-FLOOD_LINES, FLOOD_CHARS = 12_000, 1000  # 12 MB of output: the outbox holds the stream for seconds at 1 MiB/s
+CALL_WITHIN_S = 1.0  # nor does any one call (before: 2-2.6 s, the time the outbox held the stream with a batch)
+FLOOD_LINES, FLOOD_CHARS = 6_000, 1000  # 6 MB of output: the outbox holds the stream for seconds at 1 MiB/s
 
 
 def flood_then_report(lines: int, chars: int, reports: int) -> dict:
@@ -70,7 +71,7 @@ def test_reports_never_wait_on_a_slow_link_to_the_driver(caplog):
         f"\nMEASURED {REPORTS} reports behind a flood on a 1 MiB/s link: {result['total']:.3f}s, slowest call "
         f"{result['slowest']:.3f}s"
     )
-    assert result["total"] < REPORTS_WITHIN_S, result
+    assert result["total"] < REPORTS_WITHIN_S and result["slowest"] < CALL_WITHIN_S, result
     # every one reached the driver, in order, none dropped
     assert progress.history.reports == REPORTS
     assert progress.checkpoint is not None and progress.checkpoint["step"] == REPORTS - 50
