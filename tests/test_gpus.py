@@ -169,3 +169,37 @@ def test_gpus_that_limit_np_are_named_and_a_task_with_two_sees_its_own(gpu_clust
     finally:
         spark.stop()
     assert sorted(view["visible"]) == ["0,1", "2,3"]  # several GPUs a task: each rank sees its own only
+
+
+def test_torch_ranks_two_a_task_each_get_one_of_its_gpus(gpu_cluster):
+    """TorchDistributor with spark.task.resource.gpu.amount=2: 4 processes in 2 tasks, each one of its task's GPUs."""
+    import torch_jobs
+
+    from airflow_provider_hvd import TorchDistributor
+
+    spark = make_session(
+        gpu_cluster.url,
+        **{
+            "spark.executor.cores": "2",
+            "spark.cores.max": "4",
+            "spark.executor.resource.gpu.amount": "2",
+            "spark.task.resource.gpu.amount": "2",
+            **gpu_cluster.app_conf,
+        },
+    )
+    try:
+        with pytest.raises(LaunchError, match=r"'num_processes' value \(3\) must be a multiple of .*\(2\)"):
+            TorchDistributor(num_processes=3, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)
+        views = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)["views"]
+    finally:
+        spark.stop()
+    assert [view["rank"] for view in views] == [0, 1, 2, 3]
+    # each task is a torchrun node of 2 processes (as PySpark's): LOCAL_RANK 0 and 1, GROUP_RANK the task's
+    assert [(view["group_rank"], view["local_rank"]) for view in views] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # each process sees its task's 2 GPUs (CUDA_VISIBLE_DEVICES), its own at its LOCAL_RANK (cuda:LOCAL_RANK)
+    own = [view["visible"].split(",")[view["local_rank"]] for view in views]
+    assert sorted(own) == ["0", "1", "2", "3"]
+    worker_gpus = {"worker-0": "0,1", "worker-1": "2,3"}
+    for view in views:
+        worker = next(part for part in Path(view["executor_dir"]).parts if part.startswith("worker-"))
+        assert view["visible"] == worker_gpus[worker], view
