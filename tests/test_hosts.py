@@ -370,3 +370,23 @@ def test_tensorflow_ranks_on_two_hosts(hosts, caplog):
         spark.stop()
     assert len(set(result["hosts"])) == 2, result["hosts"]  # one rank on each of two hosts
     assert_sparkdl_examples_ran(result, caplog)  # the same weights on both, LogCallback's lines relayed
+
+
+def test_torch_ranks_on_two_hosts(hosts):
+    """TorchDistributor: a DDP rank on each of two hosts, Gloo on each host's own interface, the driver's store."""
+    import torch_jobs
+    from test_torch_distributor import check_torchrun_contract
+
+    from airflow_provider_hvd import TorchDistributor
+
+    spark = session(hosts, 1, 2)
+    try:
+        result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 5)
+    finally:
+        spark.stop()
+    views = result["views"]
+    check_torchrun_contract(views, nodes=2)
+    placed = [next(host for host in hosts.hosts if host.name == view["host"]) for view in views]
+    assert len(set(placed)) == 2, [view["host"] for view in views]
+    assert [view["gloo_iface"] for view in views] == [host.iface for host in placed]
+    assert {view["env"]["MASTER_ADDR"] for view in views} == {hosts.driver_address}
