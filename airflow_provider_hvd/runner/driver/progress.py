@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..rank.progress import LAST_CHECKPOINT_ENV, RESERVED_INFO
 from ..shared.messages import Checkpoint, Message, Metrics
+from ..shared.timing import FINAL_WRITE_S
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -31,12 +32,11 @@ FORMAT_VERSION = 1
 
 # The write worker's timings. A write that fails stays due and is tried again RETRY_FIRST_S later, then after
 # twice as long each time up to RETRY_MAX_S: a store briefly unreachable gets the value moments later, one down
-# for long is not hammered. At the run's end (flush) what is due is written at once and retried for at most
-# FINAL_WRITE_S: the run's outcome waits no longer than that on a store that does not answer (Airflow's client
-# retries for minutes while the API server is unreachable); then the write is abandoned with one warning.
+# for long is not hammered. At the run's end (flush) what is still due is tried once more, at once; the run's
+# outcome waits at most FINAL_WRITE_S on the sink (Airflow's client retries for minutes while the API server is
+# unreachable), then the write in progress is abandoned with one warning.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
-FINAL_WRITE_S = 5.0
 
 Point = tuple[float, float | None]
 
@@ -206,8 +206,8 @@ class RunProgress:
     """One run's progress: the metrics history of ``rank``, the last checkpoint, and their writes to ``sink``.
 
     The writes go through one worker thread, ``hvd-progress-writer``: started by the first :meth:`tick`,
-    ended by :meth:`flush` (at once when nothing is due, else within ``FINAL_WRITE_S``; a write hung in the
-    sink then is abandoned, and the thread ends when the sink returns).
+    ended by :meth:`flush`, which has it try what is still due once more and waits for it at most
+    ``FINAL_WRITE_S`` (a write hung in the sink then is abandoned; the thread ends when the sink returns).
     """
 
     def __init__(
@@ -227,7 +227,7 @@ class RunProgress:
         self._due = {"checkpoint": _Due(), "metrics": _Due()}  # the checkpoint first: see _write_due
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
-        self._final_deadline: float | None = None  # set by flush: the worker writes what is left, then ends
+        self._closing = False  # set by flush: the worker tries what is left once, then ends
         self._writing: str | None = None  # the key whose write is in the sink now
         self._warned = False
 
@@ -258,7 +258,7 @@ class RunProgress:
         if self._sink is None:
             return
         with self._lock:
-            if self._worker is None and self._final_deadline is None:
+            if self._worker is None and not self._closing:
                 self._worker = threading.Thread(target=self._write_loop, name="hvd-progress-writer", daemon=True)
                 self._worker.start()
         self._wake.set()
@@ -268,11 +268,9 @@ class RunProgress:
         if self._sink is None:
             return
         with self._lock:
-            if self._final_deadline is not None:
+            if self._closing:
                 return
-            self._final_deadline = time.monotonic() + FINAL_WRITE_S
-            for due in self._due.values():
-                due.retry_at = float("-inf")  # the last chance: no backoff
+            self._closing = True
             worker = self._worker
             if worker is None and any(due.dirty for due in self._due.values()):
                 worker = self._worker = threading.Thread(
@@ -297,25 +295,19 @@ class RunProgress:
     def _write_loop(self) -> None:
         while True:
             with self._lock:
-                deadline = self._final_deadline
+                closing = self._closing
                 wait = self._next_due(time.monotonic())
-            if deadline is not None and (wait is None or time.monotonic() >= deadline):
-                return  # written, or out of time
+            if closing:
+                self._write_due()  # what is left, at once and once: the sink answers now or the run ends without it
+                return
             if wait is None or wait > 0:
-                if deadline is not None:
-                    wait = min(wait if wait is not None else FINAL_WRITE_S, deadline - time.monotonic())
                 self._wake.wait(wait)
                 self._wake.clear()
             self._write_due()
 
     def _next_due(self, now: float) -> float | None:
         """Seconds until a key is due (0: now), None when none waits (under the lock)."""
-        closing = self._final_deadline is not None
-        times = [
-            due.retry_at if closing else max(due.tried_at + self._interval_s, due.retry_at)
-            for due in self._due.values()
-            if due.dirty
-        ]
+        times = [max(due.tried_at + self._interval_s, due.retry_at) for due in self._due.values() if due.dirty]
         return max(0.0, min(times) - now) if times else None
 
     def _write_due(self) -> None:
@@ -325,8 +317,7 @@ class RunProgress:
         for key, due in self._due.items():
             now = time.monotonic()
             with self._lock:
-                closing = self._final_deadline is not None
-                ready = due.retry_at if closing else max(due.tried_at + self._interval_s, due.retry_at)
+                ready = float("-inf") if self._closing else max(due.tried_at + self._interval_s, due.retry_at)
                 if not due.dirty or now < ready:
                     continue
                 if key == "checkpoint":
