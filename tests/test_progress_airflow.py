@@ -9,6 +9,7 @@ import time
 from urllib.parse import quote
 
 import pytest
+from dag_runs import states
 
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY, TaskStateProgress
 from airflow_provider_hvd.runner.driver.progress import MetricsHistory
@@ -99,6 +100,39 @@ def test_the_example_dag_leaves_its_curves_and_checkpoint_in_the_task_state_stor
     assert set(metrics["series"]) == {"loss", "accuracy"} and metrics["try_number"] == 1
     assert metrics["series"]["accuracy"][-1][1] > 0.9
     assert checkpoint["epoch"] == 8 and checkpoint["path"].endswith("epoch-8.pt") and checkpoint["finished"] is True
+
+
+@pytest.fixture
+def jobs_beside_the_dags(monkeypatch):
+    """``progress_jobs`` imported from the DAGs folder, as beside the DAG file that imports it there (the tests
+    import it from tests/dags/, which the DAGs folder links to): it then travels with the job."""
+    import os
+
+    monkeypatch.syspath_prepend(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    monkeypatch.delitem(sys.modules, "progress_jobs", raising=False)
+
+
+@pytest.mark.usefixtures("airflow_db", "spark_default_local", "jobs_beside_the_dags")
+def test_a_retry_that_resumes_and_finishes_at_once_marks_the_checkpoint_finished(dags, tmp_path):
+    """Try 1 reports epoch 2 of 2, then fails; try 2 resumes from it, has nothing left to train and reports no
+    checkpoint of its own: the run is finished all the same (a later run of the task starts afresh)."""
+    run = dags["hvd_resume"].test(run_conf={"ckpt_dir": str(tmp_path), "fail_after_epoch": 2, "epochs": 2})
+    assert states(run) == {"train": "success"}
+    checkpoint = stored(run, "train")[CHECKPOINT_KEY]
+    assert checkpoint["path"] == str(tmp_path / "epoch-2.pt") and checkpoint["try_number"] == 1
+    assert checkpoint.get("finished") is True, checkpoint
+
+
+@pytest.mark.usefixtures("airflow_db", "spark_default_local", "jobs_beside_the_dags")
+def test_a_store_that_fails_after_a_successful_training_is_a_warning_not_a_failed_task(
+    dags, tmp_path, monkeypatch, caplog
+):
+    """Every task state store write raises (a retention the store refuses): the training succeeded, so the task
+    does; the log says what could not be recorded."""
+    monkeypatch.setenv("AIRFLOW__STATE_STORE__DEFAULT_RETENTION_DAYS", "-1")
+    run = dags["hvd_resume"].test(run_conf={"ckpt_dir": str(tmp_path), "epochs": 1})
+    assert states(run) == {"train": "success"}
+    assert "could not be marked finished in the task state store" in caplog.text, caplog.text[-3000:]
 
 
 def test_the_training_page_draws_each_metric(example_run, monkeypatch):

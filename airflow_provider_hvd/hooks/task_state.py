@@ -8,8 +8,9 @@ its tries, so a retry finds there what the try before it left: the last checkpoi
   ``HorovodRunner.progress_interval_s`` (5 s) while the run goes on, and at its end. At most 60,000 bytes:
   curves are thinned evenly (every 2nd, 4th... point, always with the last) to fit.
 - ``hvd_checkpoint``: the last checkpoint reported (``report_checkpoint``), with the try that reported it.
-  At most about 9 KB (the info is at most 8 KB). Once a try succeeds, it is marked ``"finished": true``: a
-  later try (the task cleared and run again) starts afresh instead of resuming from it.
+  At most about 9 KB (the info is at most 8 KB). Once a try succeeds, it is marked ``"finished": true`` (also
+  when that try reported no checkpoint of its own): a later try (the task cleared and run again) starts afresh
+  instead of resuming from it.
 """
 
 from __future__ import annotations
@@ -59,9 +60,24 @@ class TaskStateProgress:
         return dict(value)
 
     def mark_finished(self, record: dict[str, Any] | None) -> None:
-        """The run succeeded: its last checkpoint (``HorovodRunner.checkpoint``) is not to be resumed from."""
-        if record is not None:
-            self._store.set(CHECKPOINT_KEY, {**record, "try_number": self.try_number, "finished": True})
+        """The run succeeded: its last checkpoint is not to be resumed from, whether this try reported it
+        (``record``: ``HorovodRunner.checkpoint``) or an earlier one (this try resumed and reported none).
+
+        Never raises: the training succeeded, so a store that fails here is a warning, not a failed task.
+        """
+        try:
+            if record is not None:
+                self._store.set(CHECKPOINT_KEY, {**record, "try_number": self.try_number, "finished": True})
+                return
+            stored = self._store.get(CHECKPOINT_KEY)
+            if isinstance(stored, Mapping) and isinstance(stored.get("path"), str) and not stored.get("finished"):
+                self._store.set(CHECKPOINT_KEY, {**stored, "finished": True})  # with the try that reported it
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises, the task succeeded
+            log.warning(
+                "The run succeeded, but its checkpoint could not be marked finished in the task state store (%r): "
+                "if this task is cleared and run again, it resumes from that checkpoint instead of starting afresh",
+                exc,
+            )
 
 
 def snapshot_budget() -> int:

@@ -43,7 +43,7 @@ def train_resumable(
         start = checkpoint["epoch"]
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    trained = []
+    trained, loss = [], None  # a try that resumes from the last epoch trains nothing
     for epoch in range(start + 1, epochs + 1):
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
         for batch in order.split(32):
