@@ -151,6 +151,11 @@ class AirflowDeployment:
         self._json("PATCH", self._ti_path(dag_id, run_id, task_id), json={"new_state": "failed"})
 
 
+def event_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Each line of the task log's events (the ranks' lines come a batch to an event, one a line)."""
+    return [line for record in records for line in str(record.get("event", "")).split("\n")]
+
+
 def log_text(records: list[dict[str, Any]]) -> str:
     """A task log as the UI shows it: ``level logger: event``, and the exception of an error record."""
     lines = []

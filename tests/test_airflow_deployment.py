@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from airflow_deployment import AirflowDeployment, log_text, show_log_if_failed
+from airflow_deployment import AirflowDeployment, event_lines, log_text, show_log_if_failed
 from hosts import Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 from spark_cluster import free_port
@@ -71,7 +71,7 @@ def test_training_run_succeeds_with_both_ranks_in_the_task_log(airflow, runs):
     run_id, state = runs[EXAMPLE]
     records = airflow.task_log(EXAMPLE, run_id, "allreduce")
     assert state == "success", log_text(records)
-    events = [r.get("event") for r in records]
+    events = event_lines(records)
     both_ranks = [
         "[rank 0] rank 0 of 2 holds 1.0",
         "[rank 1] rank 1 of 2 holds 3.0",
@@ -161,7 +161,7 @@ def test_a_task_runs_its_ranks_on_the_spark_workers_of_two_hosts(airflow, hosts)
     assert state == "success", log_text(records)
     result = airflow.xcom("hvd_on_hosts", run_id, "where_ranks_run")
     assert sorted(result["hosts"]) == ["host-0", "host-1"] and result["sum"] == 3.0, result  # one rank on each
-    events = [r.get("event") for r in records]
+    events = event_lines(records)
     for rank, host in enumerate(result["hosts"]):
         assert f"[rank {rank}] rank {rank} runs on {host}" in events, log_text(records)
 
