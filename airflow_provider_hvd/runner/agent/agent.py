@@ -50,6 +50,7 @@ from ..shared.messages import (
     send,
 )
 from ..shared.rank_tag import tagged
+from ..shared.timing import CONNECT_TIMEOUT_S, EXIT_AFTER_REPORT_S, REPORT_DELIVERY_S
 from ..shared.tls import connect_tls
 from ..shared.wire import ConnectionClosed, FrameStream, connect_handshake
 from .activity import ActivityReporter, is_stall_warning
@@ -61,9 +62,6 @@ from .reports import ReportSender
 from .stacks import StackFile
 
 TAIL_LINES = 50
-CONNECT_TIMEOUT_S = 30.0
-EXIT_AFTER_REPORT_S = 10.0  # a rank that raised but does not exit is ended after this (one that returned: exit_timeout)
-REPORT_DELIVERY_S = 600.0  # the most an agent waits for the driver to have its report (a large result, a slow link)
 _OUTPUT_DRAIN_S = 5.0  # after the reaper exited, output still held open by an escaped process is abandoned
 _MESSAGE_WAIT_S = 2.0  # a message is written before its marker: it is late only when the agent is starved
 _REAPER = str(Path(reaper.__file__).resolve())

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 
 from ..shared.messages import RankReady, RankState
+from ..shared.timing import STACKS_ANSWER_WAIT_S as ANSWER_WAIT_S
 
-ANSWER_WAIT_S = 2.0  # faulthandler writes from its signal handler: a live rank answers in milliseconds
 _SETTLED_S = 0.1  # the file has stopped growing for this long: the dump is complete
 _POLL_S = 0.02
 

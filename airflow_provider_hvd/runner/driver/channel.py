@@ -53,6 +53,7 @@ from ..shared.messages import (
     frame,
 )
 from ..shared.rank_tag import RANK_LINE, RANK_TAG
+from ..shared.timing import SEND_TIMEOUT_S
 from ..shared.tls import PLAIN, Session, server_session
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 
@@ -86,7 +87,6 @@ def log_rank_lines(rank: int | None, lines: list[str]) -> None:
 
 MAX_PENDING_HANDSHAKES = 1024
 LISTEN_BACKLOG = 4096  # (the kernel caps it at net.core.somaxconn)
-SEND_TIMEOUT_S = 30.0  # a Start or an Abort to an agent that reads nothing gives up after this
 _READ_BYTES = 1 << 18
 _FD_PAUSE_S = 0.5
 _EXPIRY_CHECK_S = 0.25

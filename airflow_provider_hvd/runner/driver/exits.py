@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-DEFAULT_EXIT_TIMEOUT_S = 120.0
+from ..shared.timing import DEFAULT_EXIT_TIMEOUT_S as DEFAULT_EXIT_TIMEOUT_S  # (imported from here too)
 
 
 def check_exit_timeout(exit_timeout: float | timedelta) -> float:

@@ -19,13 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..shared.messages import Done, RemoteError
+from ..shared.timing import SETTLE_S
 from .consequences import is_consequence
 from .stalls import Stalled
-
-# How long the driver waits, after the first failure, for the reports racing it before naming the cause.
-# The failing rank's own report comes within milliseconds of its peers' shutdown errors (they follow it),
-# but behind them often enough; 1 s covers that on a loaded host and delays the end of a failed run by 1 s.
-SETTLE_S = 1.0
 
 
 class Phase(enum.Enum):

@@ -22,11 +22,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ..errors import RunStalledError
+from ..shared.timing import STACKS_WAIT_S
 
 if TYPE_CHECKING:
     from .channel import AgentConnection
 
-STACKS_WAIT_S = 5.0  # for every agent's answer (an agent gives up on its rank after 2 s: agent/stacks.py)
 FRAMES_SHOWN = 8  # of each rank's main thread, in the error
 _POLL_S = 0.05
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')

@@ -14,6 +14,7 @@ from ..shared.gpus import GPU, visible_gpus
 from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
 from ..shared.messages import Done, Hello, Returned, Start, unpickle
+from ..shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ..shared.tls import RunCertificate
 from ..shared.wire import new_secret
 from .address import CHANNEL, DriverAddress
@@ -39,8 +40,6 @@ from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, wher
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
-ABORT_WAIT_S = 15.0  # the agents' SIGTERM grace period, and some
-LAUNCH_FAILURE_SETTLE_S = 1.0  # a failed Spark task's agent connection ends about then: it names the rank
 _POLL_S = 0.2
 
 

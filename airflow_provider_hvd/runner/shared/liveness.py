@@ -17,16 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import LaunchError
+from .timing import GLOO_DEFAULT_TIMEOUT_S, MIN_BEATS_PER_TIMEOUT
+from .timing import HEARTBEAT_INTERVAL_S as DEFAULT_INTERVAL_S
+from .timing import HEARTBEAT_TIMEOUT_S as DEFAULT_TIMEOUT_S
 
 INTERVAL_CONF = "spark.horovodRunner.heartbeatInterval"
 TIMEOUT_CONF = "spark.horovodRunner.heartbeatTimeout"
-DEFAULT_INTERVAL_S = 2.0
 log = logging.getLogger("airflow_provider_hvd.runner")
 
-DEFAULT_TIMEOUT_S = 10.0  # well before Gloo's 30 s: the vanished host is the cause, not a Gloo error
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"  # forwarded from the driver's environment to the ranks
-GLOO_DEFAULT_TIMEOUT_S = 30.0
-MIN_BEATS_PER_TIMEOUT = 3  # a timeout shorter than 3 intervals would end healthy links for one late beat
 
 _TIME = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|sec|m|min)?\s*", re.IGNORECASE)
 _SCALE = {None: 1.0, "s": 1.0, "sec": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0}

@@ -1,4 +1,4 @@
-"""The runner's timings that depend on each other, in one place, each with its reason (driver, agent, reaper).
+"""The runner's timings that depend on each other, in one place, each with its reason (driver and agents).
 
 Where one is used it is imported from here; tests that shorten one patch it where it is used. The relations
 below are checked in ``tests/test_timing.py``; the threads that wait on them are in ``docs/internals.md``.
@@ -6,9 +6,10 @@ below are checked in ``tests/test_timing.py``; the threads that wait on them are
 
 from __future__ import annotations
 
-# The reaper runs as a plain script (``python -I -S reaper.py``, standard library only) and cannot import this
-# module: its two graces are defined there, and named here beside the timings that depend on them.
-from ..reaper import LEFTOVER_GRACE_S, TERMINATE_GRACE_S
+# Not here: the reaper's two graces, TERMINATE_GRACE_S (a rank's time to end after SIGTERM) and LEFTOVER_GRACE_S
+# (what a rank left running, once it exited). The reaper runs as a plain script (``python -I -S reaper.py``,
+# standard library only) and cannot import this module; this one does not import it either, so that a rank
+# process, which imports ..shared, does not load it.
 
 # -- the link between the driver and each agent --------------------------------------------------------------
 
@@ -36,7 +37,8 @@ SEND_TIMEOUT_S = 30.0
 # -- how a run ends -------------------------------------------------------------------------------------------
 
 # After the first failure, the reports racing it are awaited this long before the cause is named: the failing
-# rank's own report comes within milliseconds of its peers' shutdown errors, but behind them often enough.
+# rank's own report comes within milliseconds of its peers' shutdown errors (they follow it), but behind them
+# often enough; 1 s covers that on a loaded host and delays the end of a failed run by 1 s.
 SETTLE_S = 1.0
 
 # A Spark task that failed is a cause only this long after Spark said so: its agent's connection ends about
@@ -55,6 +57,11 @@ EXIT_AFTER_REPORT_S = 10.0
 # writers after main returned; generous, since the run has already succeeded by then.
 DEFAULT_EXIT_TIMEOUT_S = 120.0
 
+# At the run's end, the progress still due (the last checkpoint and metrics) is tried once more, and the outcome
+# waits at most this on the progress sink (Airflow's client retries for minutes while its API server is
+# unreachable); then the write in progress is abandoned with one warning.
+FINAL_WRITE_S = 5.0
+
 # The most an agent waits, once done, for the driver to have its report (it closes its end then): the end of a
 # large result may still be on its way on a slow link; closing first would lose it.
 REPORT_DELIVERY_S = 600.0
@@ -72,17 +79,16 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "DEFAULT_EXIT_TIMEOUT_S",
     "EXIT_AFTER_REPORT_S",
+    "FINAL_WRITE_S",
     "GLOO_DEFAULT_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
     "LAUNCH_FAILURE_SETTLE_S",
-    "LEFTOVER_GRACE_S",
     "MIN_BEATS_PER_TIMEOUT",
     "REPORT_DELIVERY_S",
     "SEND_TIMEOUT_S",
     "SETTLE_S",
     "STACKS_ANSWER_WAIT_S",
     "STACKS_WAIT_S",
-    "TERMINATE_GRACE_S",
 ]

@@ -20,13 +20,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .timing import HANDSHAKE_TIMEOUT_S as HANDSHAKE_TIMEOUT_S  # (read as wire.HANDSHAKE_TIMEOUT_S too)
+
 if TYPE_CHECKING:
     from .tls import TlsSession
 
 _HEADER = struct.Struct("!BI")
 NONCE_BYTES = 32
 PROOF_BYTES = hashlib.sha256().digest_size
-HANDSHAKE_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 1 << 31
 _COALESCE_BYTES = 64 << 10  # frames up to this size are written with one call
 PIECE_BYTES = 64 << 20  # a result larger than this is kept in pieces of this size (each its own mapping: see Pieces)
