@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from airflow_provider_hvd import HorovodRunner, RankFailedError
+from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
 
 
 def report_then_finish(marker: str, wait_s: float) -> int:
@@ -72,9 +72,11 @@ class HangingMetrics:
     """A sink whose metrics() blocks (an API server that does not answer) until released or 60 s have passed."""
 
     def __init__(self) -> None:
+        self.entered = threading.Event()
         self.released = threading.Event()
 
     def metrics(self, snapshot: dict) -> None:
+        self.entered.set()
         self.released.wait(60)
 
     def checkpoint(self, record: dict) -> None:
@@ -82,7 +84,11 @@ class HangingMetrics:
 
 
 def progress_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "progress" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "the run's progress" in r.getMessage()
+    ]
 
 
 def test_a_failed_write_is_retried_and_the_last_checkpoint_reaches_the_sink_when_it_answers(tmp_path, caplog):
@@ -102,14 +108,23 @@ def test_a_failed_write_is_retried_and_the_last_checkpoint_reaches_the_sink_when
     assert len(progress_warnings(caplog)) == 1, progress_warnings(caplog)
 
 
-def test_a_hung_progress_store_does_not_hold_up_a_failed_run(caplog):
-    """metrics() blocks 60 s and rank 1 fails 4 s in: run() raises within seconds, with one warning."""
+@pytest.mark.parametrize("ending", ["rank 1 fails", "cancel()"])
+def test_a_hung_progress_store_does_not_hold_up_the_runs_end(ending, caplog):
+    """metrics() blocks 60 s; rank 1 fails 4 s in, or the run is cancelled once the write hangs: run() raises
+    within seconds, with one warning."""
     sink = HangingMetrics()
     runner = HorovodRunner(np=-2, progress_sink=sink)
     started = time.monotonic()
     try:
-        with pytest.raises(RankFailedError, match="rank 1 failed"):
-            runner.run(rank1_fails_after, seconds=4.0)
+        if ending == "cancel()":  # once the write hangs
+            canceller = threading.Thread(target=lambda: sink.entered.wait(60) and runner.cancel())
+            canceller.start()
+            with pytest.raises(RunCancelledError):
+                runner.run(rank1_fails_after, seconds=120.0)
+            canceller.join()
+        else:
+            with pytest.raises(RankFailedError, match="rank 1 failed"):
+                runner.run(rank1_fails_after, seconds=4.0)
         took = time.monotonic() - started
     finally:
         sink.released.set()
