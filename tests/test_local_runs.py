@@ -54,16 +54,22 @@ class Scaled:
 }
 
 
-def test_a_scripts_helper_modules_beside_it_travel_with_the_job(tmp_path):
+@pytest.mark.parametrize("through", ["its folder", "a link to its folder"])
+def test_a_scripts_helper_modules_beside_it_travel_with_the_job(tmp_path, through):
     """`python job.py` importing helpers.py and lib/ from its folder: the ranks, which run elsewhere and cannot
-    import them, get them with the job."""
+    import them, get them with the job. Also where the folder is reached through a symbolic link (a git-sync'd
+    DAGs folder, a mounted checkout): Python imports the helpers from the link's target, not from the link."""
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     elsewhere.mkdir()
     for name, text in SCRIPT_BESIDE_ITS_HELPERS.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(text)
+    folder = project
+    if through == "a link to its folder":
+        folder = tmp_path / "current"
+        folder.symlink_to(project, target_is_directory=True)
     proc = subprocess.run(
-        [sys.executable, str(project / "job.py")], cwd=elsewhere, capture_output=True, text=True, timeout=300
+        [sys.executable, str(folder / "job.py")], cwd=elsewhere, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 returned 18.0" in proc.stdout  # 2 * 3 * (1 + 2)

@@ -102,17 +102,7 @@ def test_the_example_dag_leaves_its_curves_and_checkpoint_in_the_task_state_stor
     assert checkpoint["epoch"] == 8 and checkpoint["path"].endswith("epoch-8.pt") and checkpoint["finished"] is True
 
 
-@pytest.fixture
-def jobs_beside_the_dags(monkeypatch):
-    """``progress_jobs`` imported from the DAGs folder, as beside the DAG file that imports it there (the tests
-    import it from tests/dags/, which the DAGs folder links to): it then travels with the job."""
-    import os
-
-    monkeypatch.syspath_prepend(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    monkeypatch.delitem(sys.modules, "progress_jobs", raising=False)
-
-
-@pytest.mark.usefixtures("airflow_db", "spark_default_local", "jobs_beside_the_dags")
+@pytest.mark.usefixtures("airflow_db", "spark_default_local")
 def test_a_retry_that_resumes_and_finishes_at_once_marks_the_checkpoint_finished(dags, tmp_path):
     """Try 1 reports epoch 2 of 2, then fails; try 2 resumes from it, has nothing left to train and reports no
     checkpoint of its own: the run is finished all the same (a later run of the task starts afresh)."""
@@ -123,7 +113,7 @@ def test_a_retry_that_resumes_and_finishes_at_once_marks_the_checkpoint_finished
     assert checkpoint.get("finished") is True, checkpoint
 
 
-@pytest.mark.usefixtures("airflow_db", "spark_default_local", "jobs_beside_the_dags")
+@pytest.mark.usefixtures("airflow_db", "spark_default_local")
 def test_a_store_that_fails_after_a_successful_training_is_a_warning_not_a_failed_task(
     dags, tmp_path, monkeypatch, caplog
 ):

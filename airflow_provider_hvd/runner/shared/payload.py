@@ -69,19 +69,26 @@ def _distributed_packages() -> frozenset[str]:
     return frozenset(importlib.metadata.packages_distributions())
 
 
+@functools.lru_cache(maxsize=8192)
+def _real_path(file: str) -> str:
+    """``file`` with symbolic links resolved: a script run through a link to its folder imports its helpers
+    from the link's target (``sys.path[0]`` is resolved), so both sides are compared resolved."""
+    return os.path.realpath(file)
+
+
 def modules_beside(module: ModuleType) -> list[ModuleType]:
     """The imported modules in ``module``'s folder or below it that are not installed: a ``helpers.py`` beside
     the script, DAG file or test file that defines ``main``, which the ranks cannot import either."""
     file = getattr(module, "__file__", None)
     if not file:  # a notebook's or a REPL's __main__: no folder to go by
         return []
-    folder = os.path.join(os.path.dirname(os.path.abspath(file)), "")
+    folder = os.path.join(os.path.dirname(_real_path(file)), "")
     beside = [
         other
         for other in list(sys.modules.values())
         if other is not module
         and isinstance(other_file := getattr(other, "__file__", None), str)
-        and os.path.abspath(other_file).startswith(folder)
+        and _real_path(other_file).startswith(folder)
         and not is_installed(other)
     ]
     if beside:
