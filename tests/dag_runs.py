@@ -1,5 +1,6 @@
 """What the modules that run DAGs with ``dag.test()`` share besides conftest's fixtures (``airflow_db``,
-``spark_default_local``, ``dags``): the ``local[2]`` connection and each task's state."""
+``spark_default_local``, ``dags``): the ``local[2]`` connection, each task's state, its XComs and what it left
+in the task state store."""
 
 from __future__ import annotations
 
@@ -10,3 +11,30 @@ LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})
 
 def states(run) -> dict[str, str]:
     return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def xcom(run, task_id: str, key: str = "return_value"):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
+        ).first()
+        return XComModel.deserialize_value(row) if row is not None else None
+
+
+def stored(run, task_id: str) -> dict:
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
+                TaskStateStoreModel.dag_id == run.dag_id,
+                TaskStateStoreModel.run_id == run.run_id,
+                TaskStateStoreModel.task_id == task_id,
+            )
+        ).all()
+    return {row.key: json.loads(row.value) for row in rows}

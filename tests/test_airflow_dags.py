@@ -12,22 +12,11 @@ import sys
 import threading
 
 import pytest
-from dag_runs import LOCAL2, states
+from dag_runs import LOCAL2, states, xcom
 from jobs import assert_all_gone, wait_for_pids
 from rank_lines import tagged_lines
 
 pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
-
-
-def xcom(run, task_id: str, key: str = "return_value"):
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = session.scalars(
-            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
-        ).first()
-        return XComModel.deserialize_value(row) if row is not None else None
 
 
 def test_decorator_example_trains_and_reports(dags, caplog, capsys):

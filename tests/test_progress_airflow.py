@@ -9,7 +9,7 @@ import time
 from urllib.parse import quote
 
 import pytest
-from dag_runs import states
+from dag_runs import states, stored
 
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY, TaskStateProgress
 from airflow_provider_hvd.runner.driver.progress import MetricsHistory
@@ -75,22 +75,6 @@ def example_run():
         return bag.dags["horovod_train_example"].test()
     finally:
         del os.environ["AIRFLOW_CONN_SPARK_DEFAULT"]
-
-
-def stored(run, task_id: str) -> dict:
-    from airflow.models.task_state_store import TaskStateStoreModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        rows = session.execute(
-            select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
-                TaskStateStoreModel.dag_id == run.dag_id,
-                TaskStateStoreModel.run_id == run.run_id,
-                TaskStateStoreModel.task_id == task_id,
-            )
-        ).all()
-    return {row.key: json.loads(row.value) for row in rows}
 
 
 def test_the_example_dag_leaves_its_curves_and_checkpoint_in_the_task_state_store(example_run):

@@ -8,10 +8,8 @@ import signal
 import threading
 
 import pytest
-from dag_runs import states
+from dag_runs import states, stored, xcom
 from jobs import assert_all_gone, wait_for_pids
-from test_airflow_dags import xcom
-from test_progress_airflow import stored
 
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
 
