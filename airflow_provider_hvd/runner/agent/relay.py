@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from ..shared.messages import LogBatch, Message, send
+from ..shared.messages import LogBatch, send
 from ..shared.wire import FrameStream
 
 MAX_LINE_BYTES = 64 << 10
@@ -193,13 +193,6 @@ class Outbox:
                 return  # the driver is gone; the agent's watcher ends the rank
             with self._cond:
                 self._queued_bytes -= size
-
-    def send_now(self, message: Message) -> None:
-        """Send a small message at once, beside the lines (a rank's metrics or checkpoint: never dropped)."""
-        try:
-            send(self._stream, message)
-        except OSError:
-            pass  # the driver is gone; the agent's watcher ends the rank
 
     def close(self) -> None:
         """Send what is queued, then stop."""
