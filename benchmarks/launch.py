@@ -37,12 +37,11 @@ import logging  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
 from pyspark.sql import SparkSession  # noqa: E402
+from rounds import Method, run_rounds  # noqa: E402
 
 NUM_PROC = 2
 HOST = "127.0.0.1"
@@ -61,28 +60,6 @@ def trivial() -> int:
     hvd.init()
     hvd.allreduce(torch.ones(1), name="bench")
     return hvd.rank()
-
-
-@dataclass
-class Method:
-    """One way of launching `trivial` on two ranks, and its timings."""
-
-    name: str
-    label: str
-    launch: Callable[[], object]
-    times: list[float] = field(default_factory=list)
-    error: str | None = None
-
-
-def _time_once(method: Method) -> None:
-    """Run `method` once and record its wall time, or its error (after which it is skipped)."""
-    start = time.perf_counter()
-    try:
-        method.launch()
-    except Exception as exc:  # noqa: BLE001 - a failed method is reported as n/a, the others go on
-        method.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-        return
-    method.times.append(time.perf_counter() - start)
 
 
 # --- the launchers -------------------------------------------------------------------------------
@@ -189,18 +166,6 @@ def start_spark() -> SparkSession:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def run_rounds(methods: list[Method], repeats: int) -> None:
-    """One warm-up of each method, then `repeats` timed rounds, round-robin."""
-    for method in methods:
-        _time_once(method)
-        method.times.clear()
-    for round_no in range(1, repeats + 1):
-        for method in methods:
-            if method.error is None:
-                _time_once(method)
-        print(f"round {round_no}/{repeats} done", file=sys.stderr, flush=True)
 
 
 def summarize(methods: list[Method]) -> dict[str, Any]:

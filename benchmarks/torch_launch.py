@@ -42,11 +42,11 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from pyspark.sql import SparkSession  # noqa: E402
+from rounds import Method, run_rounds  # noqa: E402
 
 NUM_PROC = 2
 FAILURE_MESSAGE = "rank 1 cannot read shard 7 of the training data"
@@ -108,27 +108,6 @@ def failing() -> None:
     dist.all_reduce(torch.ones(1))
 
 
-@dataclass
-class Method:
-    """One way of launching a job on two processes, and its timings."""
-
-    name: str
-    label: str
-    launch: Callable[[], object]
-    times: list[float] = field(default_factory=list)
-    error: str | None = None
-
-
-def _time_once(method: Method) -> None:
-    start = time.perf_counter()
-    try:
-        method.launch()
-    except Exception as exc:  # noqa: BLE001 - a failed method is reported as n/a, the others go on
-        method.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-        return
-    method.times.append(time.perf_counter() - start)
-
-
 # --- the launchers -------------------------------------------------------------------------------
 
 
@@ -173,17 +152,6 @@ class Torchrun:
 
 
 # --- the three measurements ----------------------------------------------------------------------
-
-
-def run_rounds(methods: list[Method], repeats: int) -> None:
-    for method in methods:
-        _time_once(method)
-        method.times.clear()
-    for round_no in range(1, repeats + 1):
-        for method in methods:
-            if method.error is None:
-                _time_once(method)
-        print(f"launch round {round_no}/{repeats} done", file=sys.stderr, flush=True)
 
 
 def launch_figures(methods: list[Method]) -> dict[str, Any]:
@@ -318,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             methods = [Method(name, label, launcher(name)) for name, (label, _) in chosen.items()]
-            run_rounds(methods, args.repeats)
+            run_rounds(methods, args.repeats, "launch round")
             figures: dict[str, Any] = {"repeats": args.repeats, "launch": launch_figures(methods)}
             trainers: dict[str, Callable[[int], Any]] = {"torchrun": lambda n: torchrun.run("train_mlp", n)}
             trainers.update({name: (lambda n, r=run: r(train_mlp, n)) for name, (_, run) in chosen.items() if run})
