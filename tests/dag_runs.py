@@ -5,6 +5,11 @@ in the task state store."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+
+from jobs import wait_for_pids
 
 LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})
 
@@ -38,3 +43,19 @@ def stored(run, task_id: str) -> dict:
             )
         ).all()
     return {row.key: json.loads(row.value) for row in rows}
+
+
+def killed_once_training(dag, pid_dir: str, ranks: int = 2):
+    """Run ``dag`` (conf ``pid_dir``), sending this process SIGTERM once ``ranks`` rank processes wrote their pid
+    there: what Airflow's supervisor sends on a kill; the task runner calls ``on_kill()``."""
+
+    def kill_when_training() -> None:
+        wait_for_pids(pid_dir, ranks)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=kill_when_training)
+    killer.start()
+    try:
+        return dag.test(run_conf={"pid_dir": pid_dir})
+    finally:
+        killer.join()

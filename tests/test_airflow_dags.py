@@ -6,13 +6,11 @@ import importlib.util
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 
 import pytest
-from dag_runs import LOCAL2, states, xcom
+from dag_runs import LOCAL2, killed_once_training, states, xcom
 from jobs import assert_all_gone, wait_for_pids
 from rank_lines import tagged_lines
 
@@ -66,15 +64,7 @@ def test_killed_task_fails_and_leaves_nothing_running(dags, tmp_path, caplog):
 
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-
-    def kill_when_training() -> None:
-        wait_for_pids(str(pid_dir), 2)
-        os.kill(os.getpid(), signal.SIGTERM)  # what Airflow's supervisor sends; the task runner calls on_kill()
-
-    killer = threading.Thread(target=kill_when_training)
-    killer.start()
-    run = dags["hvd_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
-    killer.join()
+    run = killed_once_training(dags["hvd_on_kill"], str(pid_dir))
     assert states(run) == {"train_forever": "failed"}
     assert "HorovodRunner: the run was cancelled; ending 2 running rank(s)" in caplog.text
     assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))

@@ -3,12 +3,8 @@ XComs, the task log, the task state store, on_kill."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-
 import pytest
-from dag_runs import states, stored, xcom
+from dag_runs import killed_once_training, states, stored, xcom
 from jobs import assert_all_gone, wait_for_pids
 
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
@@ -49,15 +45,7 @@ def test_operator_pushes_rank_0s_value_and_relays_every_line(dags, caplog):
 def test_killed_task_fails_and_leaves_no_process(dags, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-
-    def kill_when_training() -> None:
-        wait_for_pids(str(pid_dir), 2)
-        os.kill(os.getpid(), signal.SIGTERM)  # what Airflow's supervisor sends; the task runner calls on_kill()
-
-    killer = threading.Thread(target=kill_when_training)
-    killer.start()
-    run = dags["torch_on_kill"].test(run_conf={"pid_dir": str(pid_dir)})
-    killer.join()
+    run = killed_once_training(dags["torch_on_kill"], str(pid_dir))
     assert states(run) == {"train_forever": "failed"}
     assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))
 
