@@ -58,6 +58,7 @@ bench: setup
 	$(PY) benchmarks/payload.py
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/torch_launch.py
+	$(PY) benchmarks/result_memory.py
 
 # docker/ built and run for real with Docker or podman (docs/docker.md); 20-40 minutes on 2 cores, so not in `test`
 docker-check:
