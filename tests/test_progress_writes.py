@@ -171,3 +171,34 @@ def test_a_rank_killed_mid_save_leaves_the_last_checkpoint_whole(tmp_path):
         runner.run(keras_killed_mid_save, path=path)
     assert runner.checkpoint is not None and runner.checkpoint["path"] == path and runner.checkpoint["epoch"] == 1
     keras.saving.load_model(path)  # the epoch-1 model, whole (the killed save's temporary file is beside it)
+
+
+def test_no_write_starts_once_the_runs_end_gave_up_on_a_hung_store(monkeypatch, caplog):
+    """The checkpoint's write hangs past the run's end: the end gives up on it, and when the store answers at
+    last, the metrics still due are not written after the run (they could overwrite what the task recorded
+    since, e.g. the checkpoint marked finished)."""
+    from airflow_provider_hvd.runner.driver import progress
+    from airflow_provider_hvd.runner.shared.messages import Checkpoint, Metrics
+
+    monkeypatch.setattr(progress, "FINAL_WRITE_S", 0.5)
+    answer = threading.Event()
+    written: list[str] = []
+
+    class HungSink:
+        def checkpoint(self, record):
+            written.append("checkpoint")
+            answer.wait(30)
+
+        def metrics(self, snapshot):
+            written.append("metrics")
+
+    run = progress.RunProgress(0, HungSink(), interval_s=0)
+    run.take(0, Checkpoint("/ckpt/epoch-1.pt", {"epoch": 1}, time.time()))
+    run.take(0, Metrics(1, {"loss": 0.5}, time.time()))
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_hvd.runner"):
+        run.flush()
+    assert "did not answer within" in caplog.text, caplog.text
+    answer.set()
+    run._worker.join(10)
+    assert not run._worker.is_alive()
+    assert written == ["checkpoint"]

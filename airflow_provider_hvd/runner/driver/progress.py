@@ -229,6 +229,7 @@ class RunProgress:
         self._worker: threading.Thread | None = None
         self._closing = False  # set by flush: the worker tries what is left once, then ends
         self._writing: str | None = None  # the key whose write is in the sink now
+        self._abandoned = False  # flush gave up on the sink: no write starts after that (the run has ended)
         self._warned = False
 
     def rank_env(self) -> dict[str, str]:
@@ -284,6 +285,7 @@ class RunProgress:
         if worker.is_alive():
             with self._lock:
                 left = [key for key, due in self._due.items() if due.dirty or key == self._writing]
+                self._abandoned = True
                 self._warned = True  # the one warning: nothing more is said of a write that ends later
             log.warning(
                 "HorovodRunner: the run's progress store did not answer within %.0fs of the run's end: gave up "
@@ -303,6 +305,7 @@ class RunProgress:
             if wait is None or wait > 0:
                 self._wake.wait(wait)
                 self._wake.clear()
+                continue  # closing may have come meanwhile: then what is left is tried once, not twice
             self._write_due()
 
     def _next_due(self, now: float) -> float | None:
@@ -318,6 +321,8 @@ class RunProgress:
             now = time.monotonic()
             with self._lock:
                 ready = float("-inf") if self._closing else max(due.tried_at + self._interval_s, due.retry_at)
+                if self._abandoned:
+                    return  # a write after the run's end could overwrite what the caller recorded since
                 if not due.dirty or now < ready:
                     continue
                 if key == "checkpoint":
