@@ -47,7 +47,7 @@ def _info(caplog):
 @pytest.fixture
 def fresh_warning(monkeypatch):
     """The once-per-process WARNING, as in a fresh driver process."""
-    monkeypatch.setattr(encryption, "_warned", threading.Event())
+    monkeypatch.setattr(encryption, "_warned", set())
 
 
 def allreduce_and_talk(marker: str, flood: int = 0, big: int = 0) -> dict:
@@ -94,11 +94,30 @@ def test_a_spark_run_that_encrypts_has_a_tls_channel_and_warns_once_about_gloo(s
     assert "Gloo traffic between the ranks (the tensors, and its rendezvous) cannot be encrypted" in warnings[0]
 
 
+def test_a_torch_distributed_run_that_encrypts_has_a_tls_channel_and_says_what_torch_cannot_encrypt(
+    spark_encrypted, caplog, fresh_warning
+):
+    import torch_jobs
+
+    from airflow_provider_hvd import TorchDistributor
+
+    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, steps=2)
+    assert len(result["views"]) == 2
+    channel = [r.getMessage() for r in caplog.records if "driver channel on" in r.getMessage()]
+    assert len(channel) == 1 and "TLS 1.3 (this run's certificate" in channel[0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("TorchDistributor: spark.network.crypto.enabled=true")
+    assert "torch.distributed's traffic between the ranks (Gloo's or NCCL's tensors, and its store" in warnings[0]
+
+
 def test_the_warning_comes_once_per_process_and_only_when_spark_encrypts(caplog, fresh_warning):
+    from airflow_provider_hvd.runner.driver.rank_kinds import HorovodKind
+
     encryption.warn_if_spark_encrypted({"spark.network.crypto.enabled": "false"}.get)
     assert not caplog.records
     for _ in range(2):
-        encryption.warn_if_spark_encrypted({"spark.ssl.enabled": "true"}.get)
+        encryption.warn_if_spark_encrypted({"spark.ssl.enabled": "true"}.get, "HorovodRunner", HorovodKind.unencrypted)
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert "spark.ssl.enabled=true: Spark's traffic is encrypted, and so is the driver channel" in caplog.text
     assert "Gloo traffic between the ranks" in caplog.text and "travels unencrypted" in caplog.text

@@ -141,6 +141,8 @@ class _Runner:
                 raise RunCancelledError(f"{type(self).__name__}: the run was cancelled before its ranks started")
             kind = self._rank_kind()
             launcher, conf, channel_tls = self._launcher(run)
+            if channel_tls:
+                warn_if_spark_encrypted(conf, type(self).__name__, kind.unencrypted)
             liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
             warn_if_gloo_first(liveness, os.environ)
             progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
@@ -269,5 +271,4 @@ class HorovodRunner(_Runner):
         spark = active_session()
         launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
         conf = spark.sparkContext.getConf().get
-        warn_if_spark_encrypted(conf)
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

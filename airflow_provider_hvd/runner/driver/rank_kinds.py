@@ -51,6 +51,7 @@ class Slot(Protocol):
 
 class RankKind(Protocol):
     name: str  # as the driver's log says it
+    unencrypted: str  # what travels between the ranks that the kind cannot encrypt (..encryption)
 
     def open(self, driver: DriverAddress) -> str:
         """Serve the rendezvous on the driver's address; where it listens, for the log."""
@@ -99,6 +100,9 @@ class HorovodKind:
     """Horovod's ranks: its Gloo rendezvous server on the driver, the ``HOROVOD_*`` slot variables."""
 
     name = "Horovod"
+    unencrypted = (
+        "Horovod's Gloo traffic between the ranks (the tensors, and its rendezvous) cannot be encrypted by Horovod"
+    )
 
     def __init__(self) -> None:
         try:
@@ -145,6 +149,10 @@ class TorchKind:
     """
 
     name = "torch.distributed"
+    unencrypted = (
+        "torch.distributed's traffic between the ranks (Gloo's or NCCL's tensors, and its store on the driver) "
+        "cannot be encrypted by torch"
+    )
 
     def __init__(self) -> None:
         try:
