@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from test_channel_tls import ProxiedLauncher, RecordingProxy, relayed
 
-from airflow_provider_hvd import RankFailedError
+from airflow_provider_hvd import HorovodRunner, RankFailedError
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
 from airflow_provider_hvd.runner.agent.liveness import DriverWatch
 from airflow_provider_hvd.runner.driver.local_launch import LocalLauncher
@@ -233,3 +234,43 @@ def test_a_result_larger_than_a_piece_arrives_whole():
     result = Supervisor(LocalLauncher(1), payload, "log_callback_only", lambda: False, 120.0).run()
     assert isinstance(result, bytes) and len(result) == size + 4
     assert result == big_bytes(size)
+
+
+def report_then_train(marker: str) -> int:
+    """Rank 0 reports a checkpoint, then trains until ``marker`` exists (the test never makes it: it must be ended)."""
+    import os
+    import time
+
+    import horovod.torch as hvd
+
+    from airflow_provider_hvd import report_checkpoint
+
+    hvd.init()
+    if hvd.rank() == 0:
+        report_checkpoint("/ckpt/epoch-1.pt", epoch=1)
+    while not os.path.exists(marker):
+        time.sleep(0.1)
+    return hvd.rank()
+
+
+def test_a_reports_thread_that_fails_ends_its_rank_and_the_run_says_so(tmp_path, monkeypatch):
+    """The agent's report sender meets an error it has no rule for (a bug): the rank is ended and the run names
+    the thread, instead of training on with its progress silently lost."""
+    from airflow_provider_hvd.runner.agent import reports
+    from airflow_provider_hvd.runner.shared.messages import Checkpoint
+
+    real_send = reports.send
+
+    def send(stream, message):
+        if isinstance(message, Checkpoint):
+            raise ValueError("a report the sender cannot encode")
+        real_send(stream, message)
+
+    monkeypatch.setattr(reports, "send", send)  # np<0: the agents are threads of this process
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=-2).run(report_then_train, marker=str(tmp_path / "never"))
+    print(f"\nMEASURED a failed reports thread: the run ended {time.monotonic() - started:.1f}s after it started")
+    assert info.value.rank == 0
+    assert "its thread hvd-agent-reports failed: ValueError: a report the sender cannot encode" in str(info.value)
+    assert time.monotonic() - started < ENDED_WITHIN_S

@@ -335,30 +335,40 @@ def _run_rank(
     outbox = Outbox(stream)
     reports = ReportSender(stream, start.rank)
     memory = MemoryWatch()  # before the rank starts: an OOM kill while it runs shows as a difference
-    rank_process = _RankProcess(start.rank, env, read_job(), args, outbox, reports)  # the job is not kept once written
-    watcher = threading.Thread(target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True)
-    watcher.start()
-    activity = (
-        ActivityReporter(stream, args.activity_every_s, lambda: rank_process.last_active)
-        if args.activity_every_s
-        else None
-    )
-    rank_process.reported.wait()
-    if rank_process.result is not None:  # main returned: the driver hears it now, not once the exit work is done
-        if start.rank == 0:
-            send(stream, Result(rank_process.result))
-        send(stream, Returned())
-    exit_code = rank_process.wait()
-    if activity is not None:
-        activity.stop()
-    outbox.close()
-    reports.close()  # (after the lines: each message reaches the driver before the agent's report)
-    if rank_process.failure is not None:  # the agent ended the rank: its own failure is the report
-        send(stream, AgentFailed(RemoteError.of(rank_process.failure)))
-        return watcher
+    rank_process: _RankProcess | None = None
+    activity: ActivityReporter | None = None
+    try:
+        rank_process = _RankProcess(start.rank, env, read_job(), args, outbox, reports)  # the job is not kept
+        reports.on_failure = rank_process.fail
+        watcher = threading.Thread(
+            target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True
+        )
+        watcher.start()
+        if args.activity_every_s:
+            activity = ActivityReporter(stream, args.activity_every_s, lambda: rank_process.last_active)
+        rank_process.reported.wait()
+        if rank_process.result is not None:  # main returned: the driver hears it now, not once the exit work is done
+            if start.rank == 0:
+                send(stream, Result(rank_process.result))
+            send(stream, Returned())
+        exit_code = rank_process.wait()
+    except BaseException:  # (the driver gone as the result went, a rank that could not start): end it, then say
+        if rank_process is not None:
+            rank_process.terminate("its agent failed")
+            rank_process.wait()
+        memory.close()
+        raise
+    finally:
+        if activity is not None:
+            activity.stop()
+        outbox.close()
+        reports.close()  # (after the lines: each message reaches the driver before the agent's report)
     killed = exit_code < 0 and rank_process.terminated_by is None  # a signal the driver did not ask for
     kill_evidence = memory.evidence(exit_code, rank_process.stacks.pid) if killed else None
     memory.close()
+    if rank_process.failure is not None:  # the agent ended the rank: its own failure is the report
+        send(stream, AgentFailed(RemoteError.of(rank_process.failure)))
+        return watcher
     send(
         stream,
         Done(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+from collections.abc import Callable
 
 from ..shared.messages import Checkpoint, Message, Metrics, send
 from ..shared.wire import FrameStream
@@ -19,11 +20,17 @@ MAX_QUEUED_METRICS = 10_000
 
 
 class ReportSender:
-    """Sends queued progress messages in order on ``stream`` (thread ``hvd-agent-reports``, ended by :meth:`close`)."""
+    """Sends queued progress messages in order on ``stream`` (thread ``hvd-agent-reports``, ended by :meth:`close`).
+
+    An unexpected error in the thread goes to ``on_failure`` (the agent ends the rank and reports it), and what
+    is queued after it is dropped.
+    """
 
     def __init__(self, stream: FrameStream, rank: int) -> None:
         self._stream = stream
         self._rank = rank
+        self.on_failure: Callable[[Exception], None] | None = None
+        self._failed = False
         self._cond = threading.Condition()
         self._queue: collections.deque[Message] = collections.deque()
         self._metrics = 0  # metrics among the queued
@@ -35,6 +42,8 @@ class ReportSender:
     def put(self, message: Metrics | Checkpoint) -> None:
         """Queue ``message``; never blocks."""
         with self._cond:
+            if self._failed:
+                return
             if isinstance(message, Metrics):
                 if self._metrics >= MAX_QUEUED_METRICS:
                     self.metrics_dropped += 1
@@ -60,6 +69,13 @@ class ReportSender:
                 send(self._stream, message)
             except OSError:
                 return  # the driver is gone; the agent's watcher ends the rank
+            except Exception as exc:  # noqa: BLE001 - a bug: the rank must not train on with its reports lost
+                with self._cond:
+                    self._failed = True
+                    self._queue.clear()
+                if self.on_failure is not None:
+                    self.on_failure(exc)
+                return
 
     def close(self) -> None:
         """Send what is queued (before the agent's report), then stop."""
