@@ -33,8 +33,7 @@ def keytab_file(conn_id: str, encoded: str) -> str:
     digest = hashlib.sha256(keytab).hexdigest()[:16]
     path = Path(tempfile.gettempdir(), f"{_PREFIX}{os.getuid()}-{os.getpid()}-{digest}")
     if not (path.exists() and path.read_bytes() == keytab):
-        staging = path.with_name(f".{path.name}")
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")  # one per writer (0600)
         with os.fdopen(fd, "wb") as out:
             out.write(keytab)
         os.replace(staging, path)
