@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -88,20 +89,8 @@ class InjectingProxy(RecordingProxy):
 
     UNKNOWN_KIND = 99
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                agent, _ = self.listener.accept()
-            except OSError:
-                return
-            driver = socket.create_connection(self.target)
-            self._socks += [agent, driver]
-            for thread in (
-                threading.Thread(target=self._pump, args=(agent, driver, bytearray(), None), daemon=True),
-                threading.Thread(target=self._down, args=(driver, agent), daemon=True),
-            ):
-                thread.start()
-                self._threads.append(thread)
+    def _forwarders(self, agent: socket.socket, driver: socket.socket) -> list[tuple[Callable[..., None], tuple]]:
+        return [(self._pump, (agent, driver, bytearray(), None)), (self._down, (driver, agent))]
 
     def _down(self, src: socket.socket, dst: socket.socket) -> None:
         """Frame by frame (after the handshake's nonce and proof), so that the injected one is whole."""
@@ -124,11 +113,7 @@ class InjectingProxy(RecordingProxy):
                         injected = True
             dst.shutdown(socket.SHUT_WR)
         except OSError:
-            for sock in (dst, src):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self.reset(dst, src)
 
 
 class InjectingLauncher(ProxiedLauncher):

@@ -12,6 +12,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -148,14 +149,18 @@ class RecordingProxy:
             except OSError:
                 return
             driver = socket.create_connection(self.target)
-            up, down = bytearray(), bytearray()
-            self.to_driver.append(up)
-            self.to_agent.append(down)
             self._socks += [agent, driver]
-            for src, dst, record, rate in ((agent, driver, up, self.up_bytes_per_s), (driver, agent, down, None)):
-                thread = threading.Thread(target=self._pump, args=(src, dst, record, rate), daemon=True)
+            for target, args in self._forwarders(agent, driver):
+                thread = threading.Thread(target=target, args=args, daemon=True)
                 thread.start()
                 self._threads.append(thread)
+
+    def _forwarders(self, agent: socket.socket, driver: socket.socket) -> list[tuple[Callable[..., None], tuple]]:
+        """The threads that carry one connection: each direction pumped, and recorded."""
+        up, down = bytearray(), bytearray()
+        self.to_driver.append(up)
+        self.to_agent.append(down)
+        return [(self._pump, (agent, driver, up, self.up_bytes_per_s)), (self._pump, (driver, agent, down, None))]
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket, record: bytearray, rate: float | None) -> None:
@@ -166,12 +171,17 @@ class RecordingProxy:
                 if rate:
                     time.sleep(len(data) / rate)  # the link's pace (not a wait for a state)
             dst.shutdown(socket.SHUT_WR)  # as TCP would: the other direction goes on until its own end
-        except OSError:  # a reset: both ends learn of it
-            for sock in (dst, src):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        except OSError:
+            RecordingProxy.reset(src, dst)
+
+    @staticmethod
+    def reset(*socks: socket.socket) -> None:
+        """A reset on the way: both ends learn of it."""
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def everything(self) -> bytes:
         return b"".join(bytes(b) for b in (*self.to_driver, *self.to_agent))
