@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cancels import CancelAtLaunch
 from jobs import alive, assert_all_gone
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
@@ -193,16 +194,6 @@ def test_cancel_while_the_job_is_pickled_ends_the_run_before_main(tmp_path, door
     assert not marker.exists(), "main ran"
 
 
-class _CancelAtLaunch(logging.Handler):
-    def __init__(self, runner: HorovodRunner) -> None:
-        super().__init__()
-        self.runner = runner
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "driver channel on" in record.getMessage():  # logged as the launch begins, before any rank starts
-            self.runner.cancel()
-
-
 def test_cancel_before_a_runners_first_run_cancels_it_and_the_runner_runs_again(tmp_path):
     """The hook's window: on_kill() as the hook hands the job to its new runner, before the run is registered."""
     runner = HorovodRunner(np=-2)
@@ -246,7 +237,7 @@ def test_on_kill_while_the_task_reads_its_last_checkpoint_ends_it_before_main(tm
 
 def test_cancel_during_the_launch_ends_the_run_before_main(tmp_path):
     runner = HorovodRunner(np=-2)
-    handler, logger = _CancelAtLaunch(runner), logging.getLogger("airflow_provider_hvd.runner")
+    handler, logger = CancelAtLaunch(runner), logging.getLogger("airflow_provider_hvd.runner")
     logger.addHandler(handler)
     try:
         with pytest.raises(RunCancelledError, match="the run was cancelled"):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cancels import CancelAtLaunch
 from conftest import make_session
 from jobs import allreduce_sum, assert_all_gone, cancel_once_running, wait_for_pids
 
@@ -89,19 +90,9 @@ def test_cancel_gives_run_cancelled_on_spark_and_the_runner_runs_again(spark_ret
     assert runner.run(allreduce_sum)["sum"] == 3.0  # a cancelled runner is not stuck cancelled
 
 
-class _CancelOnStart(logging.Handler):
-    def __init__(self, runner: HorovodRunner) -> None:
-        super().__init__()
-        self.runner = runner
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "driver channel on" in record.getMessage():  # logged as the launch begins, before any rank starts
-            self.runner.cancel()
-
-
 def test_cancel_during_the_start_gives_run_cancelled(spark_retrying):
     runner = HorovodRunner(np=2)
-    handler = _CancelOnStart(runner)
+    handler = CancelAtLaunch(runner)
     logger = logging.getLogger("airflow_provider_hvd.runner")
     logger.addHandler(handler)
     try:
