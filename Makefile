@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.chromium
+# the MLflow tracking server the tests start: full MLflow, whose pins (pyarrow<26, cachetools<8) are not the project's
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 AIRFLOW_HOME ?= $(CURDIR)/airflow_home
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
@@ -13,7 +16,7 @@ export KERAS_BACKEND ?= torch
 
 .PHONY: setup test check docs demo bench docker-check clean
 
-setup: $(STAMP) $(BROWSER_STAMP)
+setup: $(STAMP) $(BROWSER_STAMP) $(MLFLOW_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/check_prereqs.sh
 	scripts/check_prereqs.sh $(PYTHON)
@@ -22,12 +25,18 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	@# the frameworks first: horovod is built against them (PyTorch and TensorFlow in one wheel)
 	$(PIP) install torch==2.13.0 tensorflow==2.21.0 tf-keras==2.21.0
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) scripts/install_horovod.py
-	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,dev,docs]'
+	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,mlflow,openlineage,dev,docs]'
 	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
 	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.
 	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \
 	  || $(PIP) install --force-reinstall --no-deps pyspark==4.3.0
 	touch $(STAMP)
+
+$(MLFLOW_STAMP): constraints-mlflow-server.txt
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	PIP_CONSTRAINT=$(CURDIR)/constraints-mlflow-server.txt $(MLFLOW_VENV)/bin/python -m pip --disable-pip-version-check -q \
+	  install mlflow
+	touch $(MLFLOW_STAMP)
 
 $(BROWSER_STAMP): scripts/install_chromium.sh | $(STAMP)
 	scripts/install_chromium.sh
@@ -65,4 +74,4 @@ docker-check:
 	scripts/docker_check.sh
 
 clean:
-	rm -rf $(VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse site
+	rm -rf $(VENV) $(MLFLOW_VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse site
