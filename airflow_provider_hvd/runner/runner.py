@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from .driver.channel import rank_log
 from .driver.encryption import spark_encrypts, warn_if_spark_encrypted
 from .driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
 from .driver.local_launch import LocalLauncher
+from .driver.mlflow_run import MlflowRun, MlflowSettings, import_mlflow, mlflow_settings, start_mlflow_run
 from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.spark_cluster import active_session
@@ -108,8 +109,14 @@ class _Runner:
         progress_sink: ProgressSink | None,
         stall_timeout: float | timedelta | None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
     ) -> None:
         """Check and keep the settings both runners take."""
+        self.mlflow = mlflow_settings(mlflow)
+        if self.mlflow is not None:
+            import_mlflow()  # ImportError naming the extra, before any run
+        self.mlflow_run_id: str | None = None
+        self.mlflow_run_url: str | None = None
         check_verbosity(driver_log_verbosity)
         self.exit_timeout = check_exit_timeout(exit_timeout)
         self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
@@ -128,9 +135,20 @@ class _Runner:
     def _rank_kind(self) -> RankKind:
         raise NotImplementedError
 
+    def _mlflow_params(self) -> dict[str, Any]:
+        """The settings an MLflow run records as its params (each runner adds its own)."""
+        return {
+            "driver_log_verbosity": self.driver_log_verbosity,
+            "slot_wait_timeout": self.slot_wait_timeout,
+            "stall_timeout": self.stall_timeout,
+            "exit_timeout": self.exit_timeout,
+            "resume_from": None if self.resume_from is None else self.resume_from.get("path"),
+        }
+
     def _run_job(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value."""
         run = _Run()
+        self.mlflow_run_id = self.mlflow_run_url = None
         self._runs.append(run)  # first: a cancel() while the job is pickled ends the run before it starts
         first, self._started_a_run = not self._started_a_run, True
         if first and self._cancel_first_run:  # (read after the append: cancel() sees the run, or this its flag)
@@ -146,6 +164,7 @@ class _Runner:
             liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
             warn_if_gloo_first(liveness, os.environ)
             progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
+            tracking = self._start_mlflow_run(launcher.size, conf)  # ended as the run ends (the `with` below)
             supervisor = _supervisor_class()(
                 launcher,
                 payload,
@@ -159,11 +178,12 @@ class _Runner:
                 channel_tls=channel_tls,
                 kind=kind,
                 exit_timeout_s=self.exit_timeout,
+                tracking=tracking,
             )
             del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
             if self.resume_from is not None:
                 log.info("%s: resuming from %s", type(self).__name__, describe_checkpoint(self.resume_from))
-            with _rank_logs_visible():
+            with tracking or contextlib.nullcontext(), _rank_logs_visible():
                 try:
                     return supervisor.run()
                 finally:
@@ -174,6 +194,16 @@ class _Runner:
                     )
         finally:
             self._runs.remove(run)
+
+    def _start_mlflow_run(self, size: int, conf: Callable[[str], str | None]) -> MlflowRun | None:
+        """The run's MLflow run when ``mlflow`` is set and its tracking server made it (else one warning)."""
+        name = type(self).__name__
+        tracking = start_mlflow_run(
+            self.mlflow, name, size, self._mlflow_params(), conf("spark.app.id"), self.metrics_rank
+        )
+        if tracking is not None:
+            self.mlflow_run_id, self.mlflow_run_url = tracking.run_id, tracking.url
+        return tracking
 
     def cancel(self) -> None:
         """End the runs in progress from another thread or a signal handler; ``run`` then raises RunCancelledError.
@@ -227,6 +257,14 @@ class HorovodRunner(_Runner):
         workers) may take this long; a rank still exiting then is ended with a warning naming it, and ``run``
         still returns rank 0's value. A rank whose process fails in its exit work only logs a warning too,
         unless the run fails: then it counts after the real failures and before Horovod's shutdown errors.
+    :param mlflow: an MLflow run per :meth:`run` (needs the ``mlflow`` extra): True (MLflow's tracking URI and
+        experiment), a dict with keys among ``tracking_uri``, ``experiment_name``, ``run_name``, ``tags``, or an
+        ``MlflowSettings``. The run records the runner's settings as params, rank ``metrics_rank``'s
+        ``log_metrics`` as metrics and the last checkpoint as tags; rank 0 gets ``MLFLOW_RUN_ID``,
+        ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_ID``, so that its ``mlflow.log_*`` and ``mlflow.autolog()``
+        log into it; it ends FINISHED, FAILED or KILLED (cancelled) with the run. A tracking server that cannot be
+        reached costs a warning, not the training. After :meth:`run`, ``mlflow_run_id`` and ``mlflow_run_url``
+        name it (None when there is none). See docs/mlflow-openlineage.md.
     """
 
     def __init__(
@@ -239,12 +277,15 @@ class HorovodRunner(_Runner):
         progress_sink: ProgressSink | None = None,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
     ) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
-        self._settings(driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout)
+        self._settings(
+            driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout, mlflow
+        )
         self.num_processor = np
 
     def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:
@@ -264,6 +305,9 @@ class HorovodRunner(_Runner):
         from .driver.rank_kinds import HorovodKind
 
         return HorovodKind()  # LaunchError when Horovod is not installed
+
+    def _mlflow_params(self) -> dict[str, Any]:
+        return {"np": self.num_processor, **super()._mlflow_params()}
 
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         if self.num_processor < 0:

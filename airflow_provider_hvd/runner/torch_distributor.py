@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from .driver.local_launch import LocalLauncher
+from .driver.mlflow_run import MlflowSettings
 from .driver.progress import ProgressSink
 from .driver.slots import DEFAULT_SLOT_WAIT_S, TASK_GPUS
 from .driver.spark_cluster import active_session
@@ -54,8 +55,10 @@ class TorchDistributor(_Runner):
     :param progress_sink: as :class:`HorovodRunner`'s.
     :param stall_timeout: as :class:`HorovodRunner`'s.
     :param exit_timeout: as :class:`HorovodRunner`'s.
+    :param mlflow: as :class:`HorovodRunner`'s (an MLflow run per :meth:`run`).
 
-    After :meth:`run` (also one that raised), ``metrics`` and ``checkpoint`` are as :class:`HorovodRunner`'s.
+    After :meth:`run` (also one that raised), ``metrics``, ``checkpoint``, ``mlflow_run_id`` and ``mlflow_run_url``
+    are as :class:`HorovodRunner`'s.
     """
 
     def __init__(
@@ -70,10 +73,13 @@ class TorchDistributor(_Runner):
         progress_sink: ProgressSink | None = None,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
     ) -> None:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
             raise ValueError(f"num_processes has to be a positive integer, not {num_processes!r}")
-        self._settings(driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout)
+        self._settings(
+            driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout, mlflow
+        )
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
@@ -103,6 +109,10 @@ class TorchDistributor(_Runner):
         from .driver.rank_kinds import TorchKind
 
         return TorchKind()
+
+    def _mlflow_params(self) -> dict[str, Any]:
+        settings = {"num_processes": self.num_processes, "local_mode": self.local_mode, "use_gpu": self.use_gpu}
+        return {**settings, **super()._mlflow_params()}
 
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         if self.local_mode:

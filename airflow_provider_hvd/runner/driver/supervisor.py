@@ -13,7 +13,7 @@ from ..agent.agent import AgentArgs
 from ..shared.gpus import GPU, visible_gpus
 from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
-from ..shared.messages import Done, Hello, Returned, Start, unpickle
+from ..shared.messages import Done, Hello, Message, Returned, Start, unpickle
 from ..shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ..shared.tls import RunCertificate
 from ..shared.wire import new_secret
@@ -62,6 +62,14 @@ class Launcher(Protocol):
     def stop(self, cancel: bool) -> None: ...
 
 
+class Tracking(Protocol):
+    """An experiment tracker's run beside the ranks (:mod:`.mlflow_run`)."""
+
+    def rank_env(self, rank: int) -> dict[str, str]: ...
+    def take(self, rank: int | None, message: Message) -> None:
+        """A rank's report, on the channel's thread; never raises."""
+
+
 class Supervisor:
     """One run: the channel, the rank kind's rendezvous, the launcher, and the loop that watches them."""
 
@@ -79,6 +87,7 @@ class Supervisor:
         channel_tls: bool = False,
         kind: RankKind | None = None,
         exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S,
+        tracking: Tracking | None = None,
     ) -> None:
         self.launcher = launcher
         self.size = launcher.size
@@ -98,6 +107,7 @@ class Supervisor:
         self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
         self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
         self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (..shared.tls)
+        self._tracking = tracking
 
     def run(self) -> Any:
         secret = new_secret()
@@ -107,7 +117,7 @@ class Supervisor:
         channel = driver.listen(
             CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness, tls)
         )
-        channel.on_progress = self._progress.take
+        channel.on_progress = self._progress.take if self._tracking is None else self._take_report
         try:
             where = self._kind.open(driver)
             self._kind_open = True
@@ -159,6 +169,11 @@ class Supervisor:
                 step()
             except Exception:
                 log.exception("HorovodRunner: could not %s", what)
+
+    def _take_report(self, rank: int | None, message: Message) -> None:
+        self._progress.take(rank, message)
+        assert self._tracking is not None
+        self._tracking.take(rank, message)
 
     def _running(self) -> list[AgentConnection]:
         return [conn for conn in self._agents if conn.rank is not None and id(conn) not in self._finished]
@@ -327,6 +342,8 @@ class Supervisor:
         gpus = self._visible_gpus(plan)
         for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
             env = {**self._kind.env(slot), **self._progress.rank_env()}
+            if self._tracking is not None:
+                env.update(self._tracking.rank_env(slot.rank))
             start = Start(slot.rank, env, slot.local_size, seen)
             try:
                 conn.start(start)

@@ -1,0 +1,411 @@
+"""The run's MLflow run, made by the driver when a runner has ``mlflow`` set (docs/mlflow-openlineage.md).
+
+One MLflow run per ``run()``: created before the ranks start (its id goes to rank 0's environment, so that
+``mlflow.log_*`` and ``mlflow.autolog()`` there log into it), fed the metrics rank's ``log_metrics`` reports and
+the checkpoints reported, and ended with the run: FINISHED, FAILED (tag ``hvd.failure``) or KILLED (cancelled).
+Every MLflow call is made on one thread, ``hvd-mlflow-writer``, and the driver waits on it a bounded time only:
+a tracking server that is down, hangs or fails costs the run one warning, never its training. MLflow (the
+``mlflow`` extra) is imported only when a runner asks for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from types import ModuleType, TracebackType
+from typing import Any
+
+from ..errors import RunCancelledError
+from ..shared.messages import Checkpoint, Message, Metrics
+from ..shared.timing import FINAL_WRITE_S
+
+log = logging.getLogger("airflow_provider_hvd.runner")
+
+INSTALL_HINT = "pip install 'airflow-provider-hvd[mlflow]'"
+MAPPING_KEYS = ("tracking_uri", "experiment_name", "run_name", "tags")
+
+# A tracking server's address that takes longer than this to accept a connection is taken as unreachable.
+MLFLOW_CONNECT_S = 3.0
+# The run's start waits this long for its MLflow run to be created; later, the run goes on without one (and the
+# MLflow run, once created, is ended KILLED at once).
+START_WAIT_S = 10.0
+# The metrics are sent at most once every this many seconds (and what is left at the run's end).
+BATCH_EVERY_S = 3.0
+_BATCH_MAX = 1000  # MLflow's most metrics (and entities) in one log_batch
+_VALID_NAME = re.compile(r"^[/\w.\- :]+$")  # the metric names MLflow accepts
+_TAG_MAX = 5000  # a tag value's most characters here (MLflow takes 8,000)
+
+RUN_ID_ENV = "MLFLOW_RUN_ID"
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+EXPERIMENT_ID_ENV = "MLFLOW_EXPERIMENT_ID"
+EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
+
+
+@dataclasses.dataclass
+class MlflowSettings:
+    """Where and how a runner's MLflow run is made.
+
+    :param tracking_uri: the tracking server (None: MLflow's own ``MLFLOW_TRACKING_URI``, else its default).
+    :param experiment_name: made if missing (None: ``MLFLOW_EXPERIMENT_NAME``, else MLflow's default experiment).
+    :param run_name: the run's name (None: one MLflow makes up).
+    :param tags: set on the run, beside the runner's own ``hvd.*`` tags.
+    :param previous_run_id: an earlier try's run: linked from the new run (tag ``hvd.previous_run_id``), and
+        ended KILLED if it is still RUNNING (its try ended without closing it).
+    :param on_start: called with the run's id and its UI URL (None when there is none) once the run exists.
+    """
+
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    previous_run_id: str | None = None
+    on_start: Callable[[str, str | None], None] | None = None
+
+
+def mlflow_settings(value: bool | Mapping[str, Any] | MlflowSettings | None) -> MlflowSettings | None:
+    """A runner's ``mlflow`` argument as settings: None/False: off; True: MLflow's defaults; a mapping with keys
+    among ``tracking_uri``, ``experiment_name``, ``run_name``, ``tags``; or :class:`MlflowSettings` as is."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return MlflowSettings()
+    if isinstance(value, MlflowSettings):
+        return value
+    if isinstance(value, Mapping):
+        unknown = sorted(str(key) for key in value if key not in MAPPING_KEYS)
+        if unknown:
+            raise ValueError(f"mlflow: unknown key(s) {unknown}; the known ones are {list(MAPPING_KEYS)}")
+        tags = value.get("tags") or {}
+        if not isinstance(tags, Mapping):
+            raise ValueError(f"mlflow: 'tags' must be a mapping of names to values, not {type(tags).__name__}")
+        return MlflowSettings(
+            tracking_uri=_optional_str(value, "tracking_uri"),
+            experiment_name=_optional_str(value, "experiment_name"),
+            run_name=_optional_str(value, "run_name"),
+            tags={str(key): str(tag) for key, tag in tags.items()},
+        )
+    raise ValueError(
+        f"mlflow must be True/False/None, a mapping with keys among {list(MAPPING_KEYS)}, or MlflowSettings, "
+        f"not {type(value).__name__}"
+    )
+
+
+def _optional_str(value: Mapping[str, Any], key: str) -> str | None:
+    given = value.get(key)
+    if given is not None and not isinstance(given, str):
+        raise ValueError(f"mlflow: {key!r} must be a str or None, not {type(given).__name__}")
+    return given
+
+
+def import_mlflow() -> ModuleType:
+    """MLflow's client module; an ImportError naming the extra to install when it is missing."""
+    try:
+        return importlib.import_module("mlflow")
+    except ImportError as exc:
+        raise ImportError(f"mlflow=... needs MLflow's client, which is not installed: {INSTALL_HINT}") from exc
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI, for an http(s) tracking server."""
+    if urllib.parse.urlsplit(tracking_uri).scheme not in ("http", "https"):
+        return None
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _absolute(uri: str) -> str:
+    """A local store's URI with an absolute path (rank 0 may run in another directory)."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
+    if uri.startswith("file:") and not uri.startswith("file:/"):
+        return "file://" + os.path.abspath(uri[len("file:") :])
+    if "://" not in uri and ":" not in uri.split("/", 1)[0]:
+        return os.path.abspath(uri)
+    return uri
+
+
+def _unreachable(tracking_uri: str) -> str | None:
+    """Why an http(s) tracking server cannot be reached (a connection within ``MLFLOW_CONNECT_S``), or None."""
+    parts = urllib.parse.urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=MLFLOW_CONNECT_S).close()
+    except OSError as exc:
+        return f"no connection to {parts.hostname}:{port} within {MLFLOW_CONNECT_S:g}s ({exc})"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:_TAG_MAX]
+
+
+class MlflowRun:
+    """One runner run's MLflow run; a context manager around the run, which ends it as the run ended.
+
+    :meth:`start` creates it (waiting at most ``START_WAIT_S``); :meth:`take` gets the ranks' reports (from the
+    channel's thread), :meth:`rank_env` the ranks' environment; leaving the ``with`` ends it, waiting at most
+    ``FINAL_WRITE_S``. Nothing here raises into the run: errors are one warning.
+    """
+
+    def __init__(
+        self,
+        settings: MlflowSettings,
+        runner: str,
+        size: int,
+        params: Mapping[str, Any],
+        spark_app_id: str | None = None,
+        metrics_rank: int = 0,
+    ) -> None:
+        self.settings = settings
+        self.runner = runner
+        self.metrics_rank = metrics_rank
+        self.params = {key: str(value)[:_TAG_MAX] for key, value in params.items()}
+        self.tags = {
+            **settings.tags,
+            "hvd.runner": runner,
+            "hvd.np": str(size),
+            **({"hvd.spark_app_id": spark_app_id} if spark_app_id else {}),
+            **({"hvd.previous_run_id": settings.previous_run_id} if settings.previous_run_id else {}),
+        }
+        self.run_id: str | None = None
+        self.url: str | None = None
+        self.tracking_uri: str | None = None
+        self.experiment_id: str | None = None
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._metrics: list[Any] = []  # mlflow.entities.Metric, due
+        self._tags: dict[str, str] = {}  # due
+        self._created = threading.Event()
+        self._ending = threading.Event()
+        self._gave_up = False  # the start waited too long: the run goes on without MLflow
+        self._status: tuple[str, str | None] | None = None  # (status, failure) once the run ended
+        self._warned = False
+        self._skipped_names: set[str] = set()
+        self._writer: threading.Thread | None = None
+
+    # -- the driver's side ---------------------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Create the run (on the writer thread), waiting at most ``START_WAIT_S``; whether there is one."""
+        mlflow = import_mlflow()
+        uri = _absolute(self.settings.tracking_uri or mlflow.get_tracking_uri())
+        self.tracking_uri = uri
+        why = _unreachable(uri)
+        if why is not None:
+            self._warn_once(f"the MLflow tracking server {uri} is unreachable: {why}; the run goes on without MLflow")
+            return False
+        self._client = mlflow.MlflowClient(uri)
+        self._writer = threading.Thread(target=self._write_loop, name="hvd-mlflow-writer", daemon=True)
+        self._writer.start()
+        self._created.wait(START_WAIT_S)
+        with self._lock:  # (the writer reads it once the run is created: a late one is ended at once)
+            self._gave_up = missing = self.run_id is None
+        if missing:
+            if not self._warned:
+                self._warn_once(
+                    f"the MLflow tracking server {uri} did not create the run within {START_WAIT_S:g}s; the run "
+                    "goes on without MLflow"
+                )
+            return False
+        run_id, experiment_id = self.run_id, self.experiment_id
+        assert run_id is not None and experiment_id is not None
+        self.url = run_url(uri, experiment_id, run_id)
+        log.info("%s: MLflow run %s%s", self.runner, self.run_id, f" at {self.url}" if self.url else f" in {uri}")
+        if self.settings.on_start is not None:
+            try:
+                self.settings.on_start(run_id, self.url)
+            except Exception:  # noqa: BLE001 - the caller's hook must not stop the training
+                log.exception("%s: the MLflow run's on_start failed", self.runner)
+        return True
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """Rank 0 logs into the run (``mlflow.log_*``, ``mlflow.autolog()``); the other ranks get nothing."""
+        if rank != 0 or self.run_id is None or self.tracking_uri is None or self.experiment_id is None:
+            return {}
+        return {RUN_ID_ENV: self.run_id, TRACKING_URI_ENV: self.tracking_uri, EXPERIMENT_ID_ENV: self.experiment_id}
+
+    def take(self, rank: int | None, message: Message) -> None:
+        """A rank's report (the channel's thread): the metrics rank's metrics, every checkpoint; never raises."""
+        if self.run_id is None:
+            return
+        try:
+            if isinstance(message, Metrics) and rank == self.metrics_rank:
+                self._add_metrics(message)
+            elif isinstance(message, Checkpoint):
+                tags = {
+                    "hvd.checkpoint.path": message.path,
+                    "hvd.checkpoint.rank": str(rank),
+                    "hvd.checkpoint.info": json.dumps(message.info, default=str)[:_TAG_MAX],
+                }
+                with self._lock:
+                    self._tags.update(tags)
+        except Exception:  # noqa: BLE001
+            log.debug("%s: could not take a report for MLflow", self.runner, exc_info=True)
+
+    def _add_metrics(self, message: Metrics) -> None:
+        from mlflow.entities import Metric
+
+        at, step = int(message.time * 1000), int(message.step)
+        metrics = []
+        for name, value in message.values.items():
+            if not _VALID_NAME.match(name):
+                if name not in self._skipped_names:
+                    self._skipped_names.add(name)
+                    log.warning("%s: the metric %r is not an MLflow metric name: it is not sent", self.runner, name)
+                continue
+            metrics.append(Metric(name, float("nan") if value is None else float(value), at, step))
+        with self._lock:
+            self._metrics.extend(metrics)
+
+    def end(self, error: BaseException | None) -> None:
+        """End the run as the runner's run ended: FINISHED, FAILED (``hvd.failure``) or KILLED (a cancel, an
+        interrupt); waits at most ``FINAL_WRITE_S`` for the tracking server."""
+        if self._writer is None:
+            return
+        if error is None:
+            status: tuple[str, str | None] = ("FINISHED", None)
+        elif isinstance(error, RunCancelledError) or not isinstance(error, Exception):
+            status = ("KILLED", _first_line(error))
+        else:
+            status = ("FAILED", _first_line(error))
+        with self._lock:
+            self._status = status
+        self._ending.set()
+        self._writer.join(FINAL_WRITE_S)
+        if self._writer.is_alive() and self.run_id is not None:
+            self._warn_once(
+                f"the MLflow tracking server {self.tracking_uri} did not answer within {FINAL_WRITE_S:g}s of the "
+                f"run's end: the MLflow run {self.run_id} may miss its last metrics and stay RUNNING"
+            )
+
+    def __enter__(self) -> MlflowRun:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.end(error)
+
+    def _warn_once(self, text: str) -> None:
+        with self._lock:
+            warn, self._warned = not self._warned, True
+        if warn:
+            log.warning("%s: %s", self.runner, text)
+
+    # -- the writer thread ----------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        try:
+            self._create()
+        except Exception as exc:  # noqa: BLE001 - the training goes on without MLflow
+            self._warn_once(
+                f"could not create the MLflow run in {self.tracking_uri}: {exc!r}; the run goes on without it"
+            )
+            self._created.set()
+            return
+        with self._lock:
+            late = self._gave_up
+        self._created.set()
+        if late:
+            self._call("end the late MLflow run", lambda: self._client.set_terminated(self.run_id, "KILLED"))
+            return
+        if self.settings.previous_run_id:
+            self._call("end the previous try's MLflow run", self._end_previous)
+        while True:
+            ending = self._ending.wait(BATCH_EVERY_S)
+            self._send_due()
+            if ending:
+                self._finish()
+                return
+
+    def _finish(self) -> None:
+        with self._lock:
+            status, failure = self._status or ("FINISHED", None)
+        if failure is not None:
+            self._call("record the failure", lambda: self._client.set_tag(self.run_id, "hvd.failure", failure))
+        self._call(f"end the MLflow run {status}", lambda: self._client.set_terminated(self.run_id, status))
+
+    def _create(self) -> None:
+        from mlflow.entities import Param
+
+        experiment_id = self._experiment_id()
+        run = self._client.create_run(experiment_id, tags=self.tags, run_name=self.settings.run_name)
+        params = [Param(key, value) for key, value in self.params.items()]
+        with self._lock:
+            self.experiment_id = experiment_id
+            self.run_id = run.info.run_id
+        self._call("log the runner's settings", lambda: self._client.log_batch(self.run_id, params=params))
+
+    def _experiment_id(self) -> str:
+        name = self.settings.experiment_name or os.environ.get(EXPERIMENT_NAME_ENV)
+        if not name:
+            return os.environ.get(EXPERIMENT_ID_ENV) or "0"  # MLflow's default experiment
+        experiment = self._client.get_experiment_by_name(name)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        try:
+            return str(self._client.create_experiment(name))
+        except Exception:  # another run created it meanwhile
+            experiment = self._client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return str(experiment.experiment_id)
+
+    def _end_previous(self) -> None:
+        previous = self._client.get_run(self.settings.previous_run_id)
+        if previous.info.status == "RUNNING":
+            self._client.set_tag(
+                previous.info.run_id, "hvd.ended_by", f"its try ended without closing it; run {self.run_id} followed it"
+            )
+            self._client.set_terminated(previous.info.run_id, "KILLED")
+
+    def _send_due(self) -> None:
+        from mlflow.entities import RunTag
+
+        with self._lock:
+            metrics, self._metrics = self._metrics, []
+            tags, self._tags = [RunTag(key, value) for key, value in self._tags.items()], {}
+        for start in range(0, len(metrics), _BATCH_MAX):
+            chunk = metrics[start : start + _BATCH_MAX]
+            self._call("log the metrics", functools.partial(self._client.log_batch, self.run_id, metrics=chunk))
+        if tags:
+            self._call("record the checkpoint", lambda: self._client.log_batch(self.run_id, tags=tags))
+
+    def _call(self, what: str, call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - MLflow is best effort: the training goes on
+            self._warn_once(f"could not {what} ({self.tracking_uri}): {exc!r}; the training goes on")
+            log.debug("%s: could not %s", self.runner, what, exc_info=True)
+
+
+def start_mlflow_run(
+    settings: MlflowSettings | None,
+    runner: str,
+    size: int,
+    params: Mapping[str, Any],
+    spark_app_id: str | None,
+    metrics_rank: int,
+) -> MlflowRun | None:
+    """The run's MLflow run, created; None when ``settings`` is None or the tracking server did not make it
+    (one warning said so)."""
+    if settings is None:
+        return None
+    started = time.monotonic()
+    mlflow_run = MlflowRun(settings, runner, size, params, spark_app_id, metrics_rank)
+    if mlflow_run.start():
+        log.debug("%s: the MLflow run was created in %.1fs", runner, time.monotonic() - started)
+        return mlflow_run
+    return None
