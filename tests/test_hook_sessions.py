@@ -89,6 +89,13 @@ def test_a_running_spark_context_is_joined_only_where_it_runs_the_job_as_asked(c
         assert "spark.executor.memory=2g (running: 1g)" in task_log
         assert "spark.authenticate.secret=*** (running: ***)" in task_log
         assert "hunter2" not in task_log
+        # OpenLineage's properties for the task's own session: those of a joined one stay, which is said
+        lineage = {"spark.openlineage.parentRunId": "run-1", "spark.openlineage.transport.auth.apiKey": "Bearer k3y"}
+        assert HorovodHook("spark_local2", openlineage_conf=lineage).get_conn().sparkContext is spark.sparkContext
+        task_log = capsys.readouterr().out
+        assert "OpenLineage's properties of this job do not apply" in task_log
+        assert "spark.openlineage.parentRunId=run-1 (running: unset)" in task_log
+        assert "k3y" not in task_log
     finally:
         spark.stop()
 

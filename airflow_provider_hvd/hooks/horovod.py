@@ -156,6 +156,9 @@ class HorovodHook(BaseHook):
     :param conn_id: the ``spark`` connection naming the master (default ``spark_default``).
     :param spark_conf: Spark settings on top of the connection's (``{"spark.executor.memory": "4g"}``).
     :param app_name: the Spark application's name.
+    :param openlineage_conf: OpenLineage's ``spark.openlineage.*`` properties for the session the hook starts
+        (the operators' ``openlineage_inject_*``). A SparkContext already running keeps its own: they do not
+        apply then, which is logged, and do not refuse the job; nor does Spark Connect take them.
     """
 
     conn_name_attr = "conn_id"
@@ -164,11 +167,17 @@ class HorovodHook(BaseHook):
     hook_name = "Horovod on Spark"
 
     def __init__(
-        self, conn_id: str = default_conn_name, spark_conf: dict[str, Any] | None = None, app_name: str = "horovod"
+        self,
+        conn_id: str = default_conn_name,
+        spark_conf: dict[str, Any] | None = None,
+        app_name: str = "horovod",
+        *,
+        openlineage_conf: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.conn_id = conn_id
         self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
+        self.openlineage_conf = {k: v for k, v in (openlineage_conf or {}).items() if k not in self.spark_conf}
         self.app_name = app_name
         self._runner: JobRunner | None = None
         self._cancelled = False
@@ -177,7 +186,7 @@ class HorovodHook(BaseHook):
         self.history_server: str | None = None
 
     def resolve(self) -> tuple[str, dict[str, str]]:
-        """The master URL and the SparkConf settings: the connection's, then ``spark_conf``."""
+        """The master URL and the SparkConf settings: the connection's, then ``openlineage_conf``, ``spark_conf``."""
         try:
             conn = self.get_connection(self.conn_id)
         except AirflowNotFoundException:
@@ -189,7 +198,7 @@ class HorovodHook(BaseHook):
             ) from None
         master, conf = master_from_connection(conn)
         self.history_server = conn.extra_dejson.get(HISTORY_SERVER_EXTRA) or None
-        conf = {**conf, **self.spark_conf}
+        conf = {**conf, **self.openlineage_conf, **self.spark_conf}
         _mask_in_airflow_logs(conf)
         return master, conf
 
@@ -248,6 +257,20 @@ class HorovodHook(BaseHook):
             lines,
         )
 
+    def _say_lineage_not_applied(self, running: SparkContext) -> None:
+        """OpenLineage's Spark listener reads its properties from the SparkContext's settings, which a running one
+        keeps: this job's parent job and transport do not reach it (its Spark events name the running one's)."""
+        differing = differing_settings(dict(running.getConf().getAll()), self.openlineage_conf)
+        if differing:
+            self.log.warning(
+                "OpenLineage's properties of this job do not apply: the SparkContext already running in this "
+                "process keeps those it started with, and OpenLineage's Spark listener reads them there: %s",
+                ", ".join(
+                    f"{key}={masked({key: wanted})[key]} (running: {masked({key: have})[key] if have else 'unset'})"
+                    for key, (wanted, have) in sorted(differing.items())
+                ),
+            )
+
     def _session(self) -> tuple[SparkSession, bool]:
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
@@ -259,7 +282,8 @@ class HorovodHook(BaseHook):
         running = SparkContext._active_spark_context
         if running is not None:
             remove_keytab(conf, unless_used_by=dict(running.getConf().getAll()))  # the running one keeps its own
-            self._check_running(running, master, conf)
+            self._check_running(running, master, {k: v for k, v in conf.items() if k not in self.openlineage_conf})
+            self._say_lineage_not_applied(running)
             return SparkSession.builder.getOrCreate(), False
         self._check_master(master)
         # pyspark's driver takes the executors' Python from the environment, not from the SparkConf

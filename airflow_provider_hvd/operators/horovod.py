@@ -35,6 +35,12 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param exit_timeout: seconds or a timedelta (default 120): once every rank's function returned, the task has
         succeeded, and the ranks' exit work (``atexit`` handlers, trackers' flushes) may take this long; a rank
         still exiting then is ended with a warning naming it, and the task still succeeds.
+    :param openlineage_inject_parent_job_info: give the Spark session OpenLineage's parent job, this task
+        (``spark.openlineage.parentJobName``, ``parentRunId``, ``rootParent*``...), as the apache-spark provider's
+        operators do (default None: the ``[openlineage] spark_inject_parent_job_info`` setting, False unless set).
+    :param openlineage_inject_transport_info: give it OpenLineage's HTTP transport
+        (``spark.openlineage.transport.*``; default None: ``[openlineage] spark_inject_transport_info``). Both
+        need the OpenLineage provider, and apply to a session the task starts (see docs/mlflow-openlineage.md).
 
     Progress goes to the task state store while the job runs (Airflow 3.3+): rank 0's ``log_metrics``
     history under ``hvd_metrics``, the last ``report_checkpoint`` under ``hvd_checkpoint``. On a retry,

@@ -36,6 +36,10 @@ class TorchDistributorOperator(TrainingJobOperator):
     :param stall_timeout: seconds or a timedelta (default None: off): as :class:`HorovodRunnerOperator`'s.
     :param exit_timeout: seconds or a timedelta (default 120) for the processes' exit work once every one
         returned: as :class:`HorovodRunnerOperator`'s.
+    :param openlineage_inject_parent_job_info: OpenLineage's parent job in the Spark session's settings
+        (default None: ``[openlineage] spark_inject_parent_job_info``): as :class:`HorovodRunnerOperator`'s.
+    :param openlineage_inject_transport_info: OpenLineage's transport there (default None: ``[openlineage]
+        spark_inject_transport_info``): as :class:`HorovodRunnerOperator`'s.
 
     Progress, resume on retry, ``on_kill`` and the Spark UI link are as :class:`HorovodRunnerOperator`'s.
     """

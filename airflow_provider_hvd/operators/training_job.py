@@ -17,6 +17,12 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
+from airflow_provider_hvd.operators.openlineage import (
+    PARENT_JOB_SETTING,
+    TRANSPORT_SETTING,
+    inject_setting,
+    openlineage_properties,
+)
 from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from airflow_provider_hvd.runner.driver.stalls import check_stall_timeout
@@ -69,6 +75,8 @@ class TrainingJobOperator(BaseOperator):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
@@ -84,6 +92,9 @@ class TrainingJobOperator(BaseOperator):
         self.driver_log_verbosity = driver_log_verbosity
         self.conn_id = conn_id
         self.spark_conf = spark_conf or {}
+        # None: the [openlineage] setting of the worker that runs the task, read then
+        self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
+        self.openlineage_inject_transport_info = openlineage_inject_transport_info
         self.spark_ui_url: str | None = None
         self._hook: HorovodHook | None = None
         self._runner: JobRunner | None = None
@@ -125,7 +136,12 @@ class TrainingJobOperator(BaseOperator):
         kwargs = {**self._context_kwargs(context), **self.op_kwargs}
         if self._killed:  # on_kill() came before the job started
             raise RunCancelledError(f"the task was killed before its {self.kind} job started")
-        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
+        self._hook = HorovodHook(
+            self.conn_id,
+            self.spark_conf,
+            app_name=f"{self.dag_id}.{self.task_id}",
+            openlineage_conf=None if local else self._openlineage_conf(context),
+        )
         progress = self._task_state_progress(context)
         self._runner = runner = self.make_runner(
             driver_log_verbosity=self.driver_log_verbosity,
@@ -146,6 +162,15 @@ class TrainingJobOperator(BaseOperator):
         if progress is not None:
             progress.mark_finished(runner.checkpoint)
         return value
+
+    def _openlineage_conf(self, context: Context) -> dict[str, str]:
+        """OpenLineage's parent job (this task) and transport for the Spark session, as the parameters ask."""
+        return openlineage_properties(
+            context,
+            {key: str(value) for key, value in self.spark_conf.items()},
+            parent_job=inject_setting(self.openlineage_inject_parent_job_info, PARENT_JOB_SETTING),
+            transport=inject_setting(self.openlineage_inject_transport_info, TRANSPORT_SETTING),
+        )
 
     @staticmethod
     def _task_state_progress(context: Context) -> TaskStateProgress | None:
