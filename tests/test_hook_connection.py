@@ -91,9 +91,16 @@ def test_spark_conf_overrides_the_connection(monkeypatch):
     assert hook.resolve() == ("yarn", {"spark.executor.memory": "8g", "spark.executor.cores": "2"})
 
 
-def test_spark_connect_is_refused():
-    with pytest.raises(ValueError, match="Spark Connect .* needs a classic SparkContext"):
-        master_from_connection(conn(host="sc://connect.example:15002"))
+@pytest.mark.parametrize(
+    "fields", [{"host": "sc://connect.example:15002"}, {"conn_type": "sc", "host": "connect.example"}]
+)
+def test_a_spark_connect_url_in_a_spark_connection_names_the_spark_connect_type(fields):
+    with pytest.raises(
+        ValueError,
+        match=r"points at a Spark Connect server \(sc://connect.example:15002\); a Connect server belongs in a "
+        r"connection of type 'spark_connect', e.g. `airflow connections add spark_test --conn-type spark_connect",
+    ):
+        master_from_connection(conn(port=15002, **fields) if "conn_type" in fields else conn(**fields))
 
 
 def test_cluster_deploy_mode_is_refused():

@@ -8,14 +8,24 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote, urlparse
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_hvd.hooks.keytab import KEYTAB_CONF, keytab_file, remove_keytab
 from airflow_provider_hvd.hooks.shared_session import shared_session
+from airflow_provider_hvd.hooks.spark_connect import CONN_TYPE as CONNECT_CONN_TYPE
+from airflow_provider_hvd.hooks.spark_connect import DEFAULT_PORT as DEFAULT_CONNECT_PORT
+from airflow_provider_hvd.hooks.spark_connect import (
+    ConnectTarget,
+    apply_conf,
+    connect_target,
+    is_connect_url,
+    open_session,
+)
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
-from airflow_provider_hvd.hooks.spark_ui import application_ui_url
+from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
 from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.driver.progress import ProgressSink
@@ -27,6 +37,9 @@ if TYPE_CHECKING:
     from py4j.java_gateway import JavaGateway
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.runner.driver.mlflow_run import MlflowSettings
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
 _EXTRA_TO_CONF = {
@@ -96,10 +109,13 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
         master = f"{conn.conn_type}://{conn.host or ''}"
     if conn.port:
         master = f"{master}:{conn.port}"
-    if master.startswith("sc://") or conn.conn_type == "spark_connect":
+    if is_connect_url(master) or conn.conn_type == CONNECT_CONN_TYPE:
+        server = urlparse(master if is_connect_url(master) else f"sc://{conn.host or ''}")
         raise ValueError(
-            f"Connection {conn.conn_id!r} points at Spark Connect ({master}); HorovodRunner needs a classic "
-            "SparkContext to run its barrier job. Point it at the cluster's master (spark://, yarn, k8s://, local[*])."
+            f"Connection {conn.conn_id!r} of type {conn.conn_type!r} points at a Spark Connect server "
+            f"(sc://{server.netloc}); a Connect server belongs in a connection of type {CONNECT_CONN_TYPE!r}, e.g. "
+            f"`airflow connections add {conn.conn_id} --conn-type {CONNECT_CONN_TYPE} --conn-host "
+            f"{server.hostname or 'HOST'} --conn-port {conn.port or server.port or DEFAULT_CONNECT_PORT}`."
         )
     extra = conn.extra_dejson
     if str(extra.get("deploy-mode", "client")).lower() == "cluster":
@@ -151,11 +167,15 @@ def differing_settings(running: Mapping[str, str], wanted: Mapping[str, str]) ->
 
 
 class HorovodHook(BaseHook):
-    """Runs HorovodRunner jobs on the Spark cluster of a ``spark`` connection (the apache-spark provider's).
+    """Runs HorovodRunner jobs on the Spark cluster of a ``spark`` connection, or on the Spark Connect server of a
+    ``spark_connect`` connection (both the apache-spark provider's connection types).
 
-    :param conn_id: the ``spark`` connection naming the master (default ``spark_default``).
-    :param spark_conf: Spark settings on top of the connection's (``{"spark.executor.memory": "4g"}``).
-    :param app_name: the Spark application's name.
+    :param conn_id: the ``spark`` connection naming the master (default ``spark_default``), or a
+        ``spark_connect`` one naming the server (the provider's default name: ``spark_connect_default``).
+    :param spark_conf: Spark settings on top of the connection's (``{"spark.executor.memory": "4g"}``). On Spark
+        Connect only those a session may set apply; a setting the server owns and has otherwise is refused by
+        name where it matters to the job (``spark.task.*``...), else warned of.
+    :param app_name: the Spark application's name (a Connect server's application keeps its own).
     :param openlineage_conf: OpenLineage's ``spark.openlineage.*`` properties for the session the hook starts
         (the operators' ``openlineage_inject_*``). A SparkContext already running keeps its own: they do not
         apply then, which is logged, and do not refuse the job; nor does Spark Connect take them.
@@ -185,17 +205,31 @@ class HorovodHook(BaseHook):
         self.ui_url: str | None = None
         self.history_server: str | None = None
 
-    def resolve(self) -> tuple[str, dict[str, str]]:
-        """The master URL and the SparkConf settings: the connection's, then ``openlineage_conf``, ``spark_conf``."""
+    def _connection(self) -> Connection:
         try:
-            conn = self.get_connection(self.conn_id)
+            return self.get_connection(self.conn_id)
         except AirflowNotFoundException:
             raise AirflowNotFoundException(
                 f"The Spark connection {self.conn_id!r} is not defined. Define it with the master HorovodRunner "
                 f"should use, e.g. AIRFLOW_CONN_{self.conn_id.upper()}='spark://spark-master:7077' or "
                 f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\', '
-                f"or `airflow connections add {self.conn_id} --conn-type spark --conn-host 'local[*]'`."
+                f"or `airflow connections add {self.conn_id} --conn-type spark --conn-host 'local[*]'`; for a "
+                f"Spark Connect server, `--conn-type {CONNECT_CONN_TYPE} --conn-host HOST --conn-port 15002`."
             ) from None
+
+    def connect_target(self) -> ConnectTarget | None:
+        """Where the connection points when it is a ``spark_connect`` one (None for a ``spark`` connection)."""
+        conn = self._connection()
+        if conn.conn_type != CONNECT_CONN_TYPE:
+            return None
+        target = connect_target(conn)
+        if conn.password:  # the token, wherever it would show in the task log
+            _mask_in_airflow_logs({"token": conn.password, "quoted token": quote(conn.password)})
+        return target
+
+    def resolve(self) -> tuple[str, dict[str, str]]:
+        """The master URL and the SparkConf settings: the connection's, then ``openlineage_conf``, ``spark_conf``."""
+        conn = self._connection()
         master, conf = master_from_connection(conn)
         self.history_server = conn.extra_dejson.get(HISTORY_SERVER_EXTRA) or None
         conf = {**conf, **self.openlineage_conf, **self.spark_conf}
@@ -205,9 +239,63 @@ class HorovodHook(BaseHook):
     def get_conn(self) -> SparkSession:
         """The SparkSession on the connection's master (the running one if it already matches).
 
-        Stop it, then call :meth:`stop`, to end the JVM the hook may have started for it.
+        Stop it, then call :meth:`stop`, to end the JVM the hook may have started for it. On a ``spark_connect``
+        connection, a new Spark Connect session of its own: stopping it releases it on the server.
         """
+        target = self.connect_target()
+        if target is not None:
+            return self._connect_session(target)  # type: ignore[return-value]  # Connect's SparkSession
         return self._session()[0]
+
+    def _connect_session(self, target: ConnectTarget) -> ConnectSession:
+        """A Spark Connect session of this hook's own on ``target``'s server, with ``spark_conf`` applied."""
+        from pyspark.errors import PySparkException
+
+        conf = {**target.conf, **self.spark_conf}
+        _mask_in_airflow_logs(conf)
+        self.log.info("Opening a session on the %s", target.describe())
+        try:
+            spark = open_session(target)
+        except PySparkException as exc:  # the server's refusal, not a bug: its words are what tells
+            raise self._connect_failed(target, exc) from None
+        try:
+            self._check_server_owned(apply_conf(spark, conf), conf)
+        except PySparkException as exc:
+            spark.stop()
+            raise self._connect_failed(target, exc) from None
+        except BaseException:
+            spark.stop()
+            raise
+        return spark
+
+    @staticmethod
+    def _connect_failed(target: ConnectTarget, exc: BaseException) -> LaunchError:
+        return LaunchError(
+            f"Could not open a Spark Connect session at {target.address} (connection {target.conn_id!r}): "
+            f"{summary(exc, first_line=True)}"
+        )
+
+    def _check_server_owned(self, refused: Mapping[str, str | None], conf: Mapping[str, str]) -> None:
+        """Refuse the settings a session cannot set that matter to the job; warn of the others."""
+        if not refused:
+            return
+        lines = ", ".join(
+            f"{key}={'***' if is_secret_setting(key) else conf[key]} (server: "
+            f"{'***' if is_secret_setting(key) and have else have or 'unset'})"
+            for key, have in sorted(refused.items())
+        )
+        if any(key.startswith(_SETTINGS_THAT_MATTER) for key in refused):
+            raise LaunchError(
+                f"These settings of connection {self.conn_id!r} and spark_conf are the Spark Connect server's, which "
+                f"has them otherwise; a session cannot set them: {lines}. Set them where the server starts "
+                "(start-connect-server.sh --conf KEY=VALUE), or remove them."
+            )
+        self.log.warning(
+            "These settings of connection %r and spark_conf are the Spark Connect server's and do not apply (set "
+            "them where the server starts: start-connect-server.sh --conf KEY=VALUE): %s",
+            self.conn_id,
+            lines,
+        )
 
     def _check_master(self, master: str) -> None:
         """Fail fast, with the connection's name, where Spark would answer with a JVM stack trace or a long wait."""
@@ -323,14 +411,15 @@ class HorovodHook(BaseHook):
         progress_sink: ProgressSink | None = None,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
         slots; ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from``,
-        ``progress_sink``, ``stall_timeout`` and ``exit_timeout`` are :class:`HorovodRunner`'s; the runner stays at
-        ``runner`` afterwards (its ``metrics`` and ``checkpoint``).
+        ``progress_sink``, ``stall_timeout``, ``exit_timeout`` and ``mlflow`` are :class:`HorovodRunner`'s; the
+        runner stays at ``runner`` afterwards (its ``metrics``, ``checkpoint``, ``mlflow_run_url``).
         """
         runner = HorovodRunner(
             np=np,
@@ -340,6 +429,7 @@ class HorovodHook(BaseHook):
             progress_sink=progress_sink,
             stall_timeout=stall_timeout,
             exit_timeout=exit_timeout,
+            mlflow=mlflow,
         )
         return self.run_job(runner, lambda: runner.run_with_args(python_callable, args, kwargs or {}), local=np < 0)
 
@@ -354,6 +444,9 @@ class HorovodHook(BaseHook):
             raise RunCancelledError("the job was cancelled before its ranks started")
         if local:
             return job()
+        target = self.connect_target()
+        if target is not None:
+            return self._run_on_connect(target, job)
         spark, shared = self._join_session()
         try:
             sc = spark.sparkContext
@@ -366,6 +459,21 @@ class HorovodHook(BaseHook):
         finally:
             if shared:
                 shared_session.leave(spark)
+
+    def _run_on_connect(self, target: ConnectTarget, job: Callable[[], Any]) -> Any:
+        """``job()`` on a Spark Connect session of its own, released afterwards: the runner takes the thread's
+        active session, the one just opened."""
+        spark = self._connect_session(target)
+        try:
+            self.ui_url, no_link = connect_ui_url(spark, self.history_server or target.history_server)
+            app = spark.conf.get("spark.app.id", None)
+            ui = f", Spark UI {self.ui_url}" if self.ui_url else f"; no Spark UI link: {no_link}"
+            self.log.info("Running over Spark Connect at %s: application %s%s", target.address, app, ui)
+            if self._cancelled:  # cancel() came while the session opened
+                raise RunCancelledError("the job was cancelled before its ranks started")
+            return job()
+        finally:
+            spark.stop()
 
     @property
     def runner(self) -> JobRunner | None:

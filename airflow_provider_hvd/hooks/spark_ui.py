@@ -3,11 +3,15 @@
 The driver's own UI (``http://driver:4040``) stops with its SparkContext, so it is never the link. In order:
 a Spark History Server when one is configured (the connection's ``history-server-url`` extra, or
 ``spark.yarn.historyServer.address``), YARN's tracking URL, the standalone master's application page;
-otherwise no link rather than a dead one.
+otherwise no link rather than a dead one. On Spark Connect the server's own UI outlives the task: the link is
+the application's page there, where the server's driver host and UI port answer with its application.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -15,10 +19,13 @@ from airflow_provider_hvd.runner.driver.spark_cluster import master_state, maste
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 HISTORY_SERVER_CONF = "spark.yarn.historyServer.address"
 # set by Spark's YARN scheduler backend on the driver: the ResourceManager proxy of this application
 YARN_PROXY_CONF = "spark.org.apache.hadoop.yarn.server.webproxy.amfilter.AmIpFilter.param.PROXY_URI_BASES"
+UI_PORT, PORT_RETRIES = 4040, 16  # Spark's defaults: the UI takes the first free port from 4040 on
+UI_PROBE_TIMEOUT_S = 3.0  # a UI's first answer can be slow on a loaded host
 
 
 def lasting_ui_url(
@@ -57,3 +64,51 @@ def application_ui_url(sc: SparkContext, history_server: str | None = None) -> s
         history_server=history_server,
         master_ui=master_web_ui(sc) if master.startswith("spark://") and master_state(sc) else None,
     )
+
+
+def _serves_application(ui: str, app_id: str) -> bool | None:
+    """Whether the Spark UI at ``ui`` is ``app_id``'s; None where nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=UI_PROBE_TIMEOUT_S) as resp:
+            apps = json.load(resp)
+    except urllib.error.URLError as exc:
+        return None if isinstance(exc.reason, ConnectionRefusedError) else False
+    except (OSError, ValueError):
+        return False
+    return isinstance(apps, list) and any(isinstance(app, dict) and app.get("id") == app_id for app in apps)
+
+
+def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> tuple[str | None, str]:
+    """The page of a Spark Connect server's application, and why there is none when it is None.
+
+    As :func:`lasting_ui_url` for the server's application (a History Server, YARN's proxy), else the server's
+    own UI: from ``spark.driver.host`` and ``spark.ui.port`` on, the port whose ``/api/v1/applications`` lists
+    the application (another application's UI may hold a port; the first port where nothing answers ends it).
+    """
+
+    def conf(key: str) -> str | None:
+        value = spark.conf.get(key, None)
+        return str(value) if value is not None else None
+
+    app_id = conf("spark.app.id")
+    if not app_id:
+        return None, "the Spark Connect server does not say its application's id (spark.app.id)"
+    keys = (HISTORY_SERVER_CONF, YARN_PROXY_CONF)
+    lasting = lasting_ui_url(
+        conf("spark.master") or "", app_id, {k: v for k in keys if (v := conf(k))}, history_server=history_server
+    )
+    if lasting:
+        return lasting, ""
+    if (conf("spark.ui.enabled") or "true").lower() == "false":
+        return None, f"the Spark Connect server's application {app_id} has its UI off (spark.ui.enabled=false)"
+    host, first = conf("spark.driver.host"), int(conf("spark.ui.port") or UI_PORT)
+    if not host or first == 0:
+        return None, f"the Spark Connect server does not say where its UI is (spark.driver.host, spark.ui.port={first})"
+    for port in range(first, first + int(conf("spark.port.maxRetries") or PORT_RETRIES) + 1):
+        ui = f"http://{host}:{port}"
+        serves = _serves_application(ui, app_id)
+        if serves:
+            return f"{ui}/jobs/", ""
+        if serves is None:
+            break
+    return None, f"no Spark UI from http://{host}:{first} on lists the Spark Connect server's application {app_id}"

@@ -1,0 +1,134 @@
+"""The ``spark_connect`` connection → Spark Connect URL rules (those of the apache-spark provider's SparkConnectHook),
+its bad input, and a server that cannot be reached: no server needed."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+import pytest
+
+from airflow_provider_hvd import LaunchError
+from airflow_provider_hvd.hooks.horovod import HorovodHook
+
+# Connections as users write them: the form's fields, URIs, extras. The expected URL of each is the provider's.
+CONNECTIONS = {
+    "host_only": {"conn_type": "spark_connect", "host": "connect-server"},
+    "host_and_port": {"conn_type": "spark_connect", "host": "connect-server", "port": 15012},
+    "scheme_in_host": {"conn_type": "spark_connect", "host": "sc://connect-server", "port": 15012},
+    "user_and_token": {
+        "conn_type": "spark_connect",
+        "host": "connect-server",
+        "port": 443,
+        "login": "etl",
+        "password": "t0k/en;x",
+        "extra": {"use_ssl": True},
+    },
+    "uri": "spark-connect://etl:secret@connect-server:15002?use_ssl=false",
+}
+
+
+@pytest.fixture
+def connections(monkeypatch):
+    for conn_id, value in CONNECTIONS.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value if isinstance(value, str) else json.dumps(value))
+
+
+@pytest.mark.parametrize("conn_id", sorted(CONNECTIONS))
+def test_the_url_is_the_apache_spark_providers(connections, conn_id):
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    target = HorovodHook(conn_id).connect_target()
+    assert target is not None and target.url == SparkConnectHook(conn_id).get_connection_url()
+    assert target.address == f"connect-server:{target.port}" and target.port in (15002, 15012, 443)
+
+
+def test_the_task_log_names_the_type_and_server_never_the_token(connections):
+    from airflow.sdk.log import redact
+
+    target = HorovodHook("user_and_token").connect_target()
+    assert target is not None
+    described = target.describe()
+    assert described == (
+        "Spark Connect server sc://connect-server:443 (user_id etl, token ***, TLS), connection 'user_and_token' "
+        "of type spark_connect"
+    )
+    assert "token=t0k" in target.url and redact(target.url) == target.url.replace("t0k/en%3Bx", "***")
+    assert redact("the token t0k/en;x") == "the token ***"
+
+
+def test_a_spark_connection_is_not_a_connect_one(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEST", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    assert HorovodHook("spark_test").connect_target() is None
+
+
+@pytest.mark.parametrize("host", ["spark://spark-master:7077", "yarn", "local[*]", "k8s://https://k8s:6443"])
+def test_a_classic_master_in_a_spark_connect_connection_names_the_spark_type(monkeypatch, host):
+    monkeypatch.setenv("AIRFLOW_CONN_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host}))
+    with pytest.raises(
+        ValueError,
+        match=rf"'connect_test' is of type spark_connect but its host '{re.escape(host)}' is a classic Spark master; .* "
+        r"belongs in a connection of type 'spark', e.g. `airflow connections add connect_test --conn-type spark ",
+    ):
+        HorovodHook("connect_test").run(print, np=2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, r"'connect_test' of type spark_connect has no host: give the Spark Connect server's host"),
+        ({"host": "connect-server/db"}, r"has a path in its host 'connect-server/db'; .* sc://host:port, with no path"),
+        (
+            {"host": "connect-server", "extra": {"use_ssl": True, "queue": "q", "spark.sql.shuffle.partitions": 4}},
+            r"'connect_test' \(spark_connect\) has extras .*: 'queue'\. Known: history-server-url, use_ssl",
+        ),
+    ],
+)
+def test_bad_spark_connect_connections_are_refused_by_name(monkeypatch, fields, message):
+    monkeypatch.setenv("AIRFLOW_CONN_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", **fields}))
+    with pytest.raises(ValueError, match=message):
+        HorovodHook("connect_test").connect_target()
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port whose listener never accepts and whose backlog is full: a connection to it hangs, as to a
+    server behind a firewall that drops packets."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    waiting = []
+    for _ in range(3):  # fill the backlog: the next SYNs are dropped
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        waiting.append(client)
+    yield port
+    for client in waiting:
+        client.close()
+    listener.close()
+
+
+@pytest.mark.parametrize("silent", [True, False], ids=["no-answer", "refused"])
+def test_a_server_that_cannot_be_reached_is_named_within_seconds(monkeypatch, silent_port, silent):
+    """pyspark alone waits on gRPC's retries: still waiting after 150 s on both, measured here."""
+    if silent:
+        port = silent_port
+    else:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
+    )
+    started = time.monotonic()
+    with pytest.raises(
+        LaunchError,
+        match=rf"^Cannot reach the Spark Connect server at 127.0.0.1:{port} \(connection 'connect_test'\): "
+        r".*\. Start the server \(start-connect-server.sh\), or correct the connection's host and port\.$",
+    ):
+        HorovodHook("connect_test").run(print, np=2)
+    assert time.monotonic() - started < 15
