@@ -8,7 +8,7 @@ from airflow_provider_hvd import __version__
 
 
 def get_provider_info() -> dict[str, Any]:
-    # No "connection-types": the ``spark`` connection belongs to the apache-spark provider.
+    # No "connection-types": ``spark`` and ``spark_connect`` belong to the apache-spark provider.
     return {
         "package-name": "airflow-provider-hvd",
         "name": "Horovod on Spark",
@@ -38,6 +38,11 @@ def get_provider_info() -> dict[str, Any]:
             },
         ],
         "extra-links": ["airflow_provider_hvd.operators.training_job.SparkUILink"],
+        # the Training tab: its `airflow.plugins` entry point loads it; Airflow reads this declaration only with
+        # [core] lazy_discover_providers = False, then skips it as the plugin already loaded (docs/guide/provider.md)
+        "plugins": [
+            {"name": "hvd_training", "plugin-class": "airflow_provider_hvd.plugins.training_tab.TrainingTabPlugin"}
+        ],
         "task-decorators": [
             {"name": "horovod", "class-name": "airflow_provider_hvd.decorators.horovod.horovod_task"},
             {
