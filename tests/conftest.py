@@ -67,6 +67,16 @@ def standalone_cluster(tmp_path_factory):
     cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory) -> str:
+    """A real MLflow tracking server (tests/mlflow_server.py) for the session: its URL."""
+    from mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
 def pid_dir(tmp_path) -> str:
     path = tmp_path / "pids"

@@ -311,7 +311,7 @@ class MlflowRun:
             self._create()
         except Exception as exc:  # noqa: BLE001 - the training goes on without MLflow
             self._warn_once(
-                f"could not create the MLflow run in {self.tracking_uri}: {exc!r}; the run goes on without it"
+                f"could not create the MLflow run in {self.tracking_uri}: {exc!r}; the run goes on without MLflow"
             )
             self._created.set()
             return

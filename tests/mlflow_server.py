@@ -1,0 +1,83 @@
+"""A real MLflow tracking server on loopback, from the full MLflow in .venv-mlflow (SQLite store, local artifacts)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from spark_cluster import LOOPBACK, free_port
+
+MLFLOW = Path(__file__).resolve().parent.parent / ".venv-mlflow" / "bin" / "mlflow"
+
+
+class MlflowServer:
+    """``mlflow server`` with its store and artifacts under ``workdir``; :meth:`start` waits for its /health."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 300) -> MlflowServer:
+        if not MLFLOW.exists():
+            raise RuntimeError(f"{MLFLOW} is missing: `make setup` installs the tracking server's venv (.venv-mlflow)")
+        command = [
+            str(MLFLOW), "server", "--host", LOOPBACK, "--port", str(self.port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{self.workdir}/mlflow.db",
+            "--default-artifact-root", str(self.workdir / "artifacts"),
+        ]  # fmt: skip
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+        with open(self.workdir / "server.log", "wb") as log:
+            # a session of its own: its workers are stopped with it (stop)
+            self._proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited ({self._proc.returncode}):\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.5)  # nothing to wait on but its answer
+        self.stop()
+        raise RuntimeError(f"mlflow server did not answer /health within {timeout:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.workdir / "server.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL to what is left after 20 s; returns once the server and
+        its workers have exited."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        deadline = time.monotonic() + 20
+        while _signal_group(proc.pid, 0):  # its workers (not our children: no wait() to block on)
+            if time.monotonic() > deadline:
+                _signal_group(proc.pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Whether the process group still had a member to signal."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,240 @@
+"""The runners' MLflow runs (mlflow=...), against a real tracking server (the mlflow_server fixture), read back
+with MLflow's client."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+import uuid
+
+import pytest
+from cancels import CancelAtLaunch
+from mlflow import MlflowClient
+
+from airflow_provider_hvd.runner import HorovodRunner, RankFailedError, RunCancelledError, TorchDistributor
+from airflow_provider_hvd.runner.driver import mlflow_run
+from airflow_provider_hvd.runner.driver.mlflow_run import MlflowSettings, mlflow_settings
+
+RUNNER_LOG = "airflow_provider_hvd.runner"
+
+
+def experiment() -> str:
+    return f"hvd-tests-{uuid.uuid4().hex[:8]}"
+
+
+def runs_of(client: MlflowClient, name: str):
+    found = client.get_experiment_by_name(name)
+    return [] if found is None else client.search_runs([found.experiment_id])
+
+
+def mlflow_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "MLflow" in r.getMessage()]
+
+
+def tracked_training():
+    import os
+
+    from airflow_provider_hvd.runner import log_metrics, report_checkpoint
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    if rank != 0:  # the other ranks know nothing of the run: they cannot log into it by mistake
+        assert not {"MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"} & set(os.environ), "rank 1 got the MLflow run"
+        return None
+    for step in (1, 2, 3):
+        log_metrics(step, loss=1.0 / step, acc=0.5)
+    report_checkpoint("/ckpt/epoch-3.pt", epoch=3)
+    import mlflow
+
+    given = os.environ["MLFLOW_RUN_ID"]  # (MLflow takes it out of the environment as it resumes the run)
+    mlflow.log_param("lr", 0.1)  # rank 0's own logging lands in the runner's run
+    return given, mlflow.active_run().info.run_id
+
+
+def test_a_run_is_one_mlflow_run_with_its_settings_metrics_checkpoint_and_rank0s_own_logging(mlflow_server):
+    name, started = experiment(), []
+    settings = MlflowSettings(
+        tracking_uri=mlflow_server,
+        experiment_name=name,
+        run_name="nightly",
+        tags={"team": "vision"},
+        on_start=lambda run_id, url: started.append((run_id, url)),
+    )
+    runner = HorovodRunner(np=-2, mlflow=settings)
+    given, logged_into = runner.run(tracked_training)
+
+    client = MlflowClient(mlflow_server)
+    (run,) = runs_of(client, name)  # one run: the other rank made none
+    assert given == logged_into == run.info.run_id == runner.mlflow_run_id
+    assert started == [(run.info.run_id, runner.mlflow_run_url)]
+    assert runner.mlflow_run_url == f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    assert run.info.status == "FINISHED" and run.info.run_name == "nightly"
+    assert {"np": "-2", "driver_log_verbosity": "log_callback_only", "lr": "0.1"}.items() <= run.data.params.items()
+    tags = run.data.tags
+    assert {"team": "vision", "hvd.runner": "HorovodRunner", "hvd.np": "2"}.items() <= tags.items()
+    assert tags["hvd.checkpoint.path"] == "/ckpt/epoch-3.pt" and '"epoch": 3' in tags["hvd.checkpoint.info"]
+    assert "hvd.failure" not in tags and "hvd.spark_app_id" not in tags  # (a local run has no Spark application)
+    loss = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert loss == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+    assert len(client.get_metric_history(run.info.run_id, "acc")) == 3
+
+
+def failing_training():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        raise ValueError("the data is gone\nsecond line")
+    dist.barrier()
+
+
+def test_a_failed_run_ends_its_mlflow_run_failed_with_the_cause(mlflow_server):
+    name = experiment()
+    runner = TorchDistributor(2, use_gpu=False, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
+    with pytest.raises(RankFailedError, match="the data is gone"):
+        runner.run(failing_training)
+    (run,) = runs_of(MlflowClient(mlflow_server), name)
+    assert run.info.run_id == runner.mlflow_run_id
+    assert run.info.status == "FAILED"
+    assert "the data is gone" in run.data.tags["hvd.failure"] and "second line" not in run.data.tags["hvd.failure"]
+    assert run.data.tags["hvd.runner"] == "TorchDistributor" and run.data.params["num_processes"] == "2"
+
+
+class CancelAtCheckpoint(logging.Handler):
+    """Cancels the runner once its driver has the rank's checkpoint (its metrics came before it)."""
+
+    def __init__(self, runner) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "reported the checkpoint" in record.getMessage():
+            self.runner.cancel()
+
+
+def training_until_cancelled():
+    import time
+
+    from airflow_provider_hvd.runner import log_metrics, report_checkpoint
+
+    log_metrics(1, loss=0.25)
+    report_checkpoint("/ckpt/1.pt")
+    time.sleep(300)
+
+
+def test_a_cancelled_run_ends_its_mlflow_run_killed_with_what_was_reported(mlflow_server):
+    name = experiment()
+    runner = HorovodRunner(np=-2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
+    handler = CancelAtCheckpoint(runner)
+    logging.getLogger(RUNNER_LOG).addHandler(handler)
+    try:
+        with pytest.raises(RunCancelledError):
+            runner.run(training_until_cancelled)
+    finally:
+        logging.getLogger(RUNNER_LOG).removeHandler(handler)
+    client = MlflowClient(mlflow_server)
+    (run,) = runs_of(client, name)
+    assert run.info.status == "KILLED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 0.25)]
+    assert run.data.tags["hvd.checkpoint.path"] == "/ckpt/1.pt"
+
+
+def test_a_cancel_before_the_ranks_start_leaves_no_mlflow_run_running(mlflow_server):
+    name = experiment()
+    runner = HorovodRunner(np=-2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
+    handler = CancelAtLaunch(runner)
+    logging.getLogger(RUNNER_LOG).addHandler(handler)
+    try:
+        with pytest.raises(RunCancelledError):
+            runner.run(training_until_cancelled)
+    finally:
+        logging.getLogger(RUNNER_LOG).removeHandler(handler)
+    (run,) = runs_of(MlflowClient(mlflow_server), name)
+    assert run.info.status == "KILLED"
+
+
+def returns_seven():
+    return 7
+
+
+def test_a_retry_links_the_previous_tries_run_and_ends_it_killed_when_left_running(mlflow_server):
+    client, name = MlflowClient(mlflow_server), experiment()
+    previous = client.create_run(client.create_experiment(name))  # a try that died without ending its run
+    settings = MlflowSettings(tracking_uri=mlflow_server, experiment_name=name, previous_run_id=previous.info.run_id)
+    runner = HorovodRunner(np=-2, mlflow=settings)
+    assert runner.run(returns_seven) == 7
+    new = client.get_run(runner.mlflow_run_id)
+    assert new.data.tags["hvd.previous_run_id"] == previous.info.run_id and new.info.status == "FINISHED"
+    old = client.get_run(previous.info.run_id)
+    assert old.info.status == "KILLED" and runner.mlflow_run_id in old.data.tags["hvd.ended_by"]
+
+
+@pytest.fixture
+def silent_server():
+    """A port that takes connections and never answers (a hung tracking server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("server", ["down", "hung", "not MLflow"])
+def test_a_tracking_server_that_fails_costs_one_warning_and_not_the_run(
+    server, mlflow_server, silent_server, monkeypatch, caplog
+):
+    from spark_cluster import free_port
+
+    monkeypatch.setattr(mlflow_run, "START_WAIT_S", 2.0)  # (10 s in production)
+    uri = {
+        "down": f"http://127.0.0.1:{free_port()}",  # nothing listens
+        "hung": silent_server,
+        "not MLflow": f"{mlflow_server}/no/such/api",  # answers 404
+    }[server]
+    caplog.set_level(logging.INFO, RUNNER_LOG)
+    runner = HorovodRunner(np=-2, mlflow={"tracking_uri": uri})
+    began = time.monotonic()
+    assert runner.run(returns_seven) == 7
+    took = time.monotonic() - began
+    assert runner.mlflow_run_id is None and runner.mlflow_run_url is None
+    (warning,) = mlflow_warnings(caplog)
+    assert uri in warning and "goes on without MLflow" in warning
+    assert took < 45, f"the run took {took:.0f}s"  # MLflow's own retries would take minutes
+
+
+def autologged_training():
+    import os
+
+    if int(os.environ["HOROVOD_RANK"]) != 0:
+        return None
+    import keras
+    import mlflow
+    import numpy as np
+
+    mlflow.autolog(log_models=False, log_datasets=False, silent=True)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(np.random.rand(32, 4), np.random.rand(32, 1), epochs=2, verbose=0)
+    return None
+
+
+def test_mlflow_autolog_in_rank_0_logs_into_the_runners_run(mlflow_server):
+    name = experiment()
+    runner = HorovodRunner(np=-2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
+    runner.run(autologged_training)
+    client = MlflowClient(mlflow_server)
+    (run,) = runs_of(client, name)
+    assert run.info.run_id == runner.mlflow_run_id and run.info.status == "FINISHED"
+    assert run.data.tags.get("mlflow.autologging") == "keras" and run.data.params["epochs"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]  # one per epoch
+
+
+def test_the_mlflow_setting_is_checked_and_mlflow_must_be_installed(monkeypatch):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['experiment'\]; the known ones are \['tracking_uri'"):
+        mlflow_settings({"experiment": "x"})
+    assert mlflow_settings(False) is None and mlflow_settings(True) == MlflowSettings()
+    assert mlflow_settings({"tags": {"a": 1}}) == MlflowSettings(tags={"a": "1"})
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if MLflow's client were not installed
+    with pytest.raises(ImportError, match=r"pip install 'airflow-provider-hvd\[mlflow\]'"):
+        HorovodRunner(np=-2, mlflow=True)
+    HorovodRunner(np=-2)  # without mlflow, MLflow is not needed
