@@ -132,3 +132,16 @@ def test_a_server_that_cannot_be_reached_is_named_within_seconds(monkeypatch, si
     ):
         HorovodHook("connect_test").run(print, np=2)
     assert time.monotonic() - started < 15
+
+
+def test_openlineage_properties_are_said_not_to_apply_on_spark_connect(monkeypatch, capsys):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
+    )
+    hook = HorovodHook("connect_test", openlineage_conf={"spark.openlineage.parentRunId": "run-1"})
+    with pytest.raises(LaunchError, match="Cannot reach the Spark Connect server"):
+        hook.run(print, np=2)
+    assert "OpenLineage's properties of this job do not apply on Spark Connect" in capsys.readouterr().out

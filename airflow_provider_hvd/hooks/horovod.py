@@ -463,6 +463,12 @@ class HorovodHook(BaseHook):
     def _run_on_connect(self, target: ConnectTarget, job: Callable[[], Any]) -> Any:
         """``job()`` on a Spark Connect session of its own, released afterwards: the runner takes the thread's
         active session, the one just opened."""
+        if self.openlineage_conf:
+            self.log.warning(
+                "OpenLineage's properties of this job do not apply on Spark Connect: the server's SparkContext keeps "
+                "the settings it started with, and OpenLineage's Spark listener reads them there (%s)",
+                ", ".join(sorted(self.openlineage_conf)),
+            )
         spark = self._connect_session(target)
         try:
             self.ui_url, no_link = connect_ui_url(spark, self.history_server or target.history_server)
