@@ -63,6 +63,8 @@ class HorovodRunnerOperator(TrainingJobOperator):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -75,6 +77,8 @@ class HorovodRunnerOperator(TrainingJobOperator):
             slot_wait_timeout=slot_wait_timeout,
             stall_timeout=stall_timeout,
             exit_timeout=exit_timeout,
+            openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
+            openlineage_inject_transport_info=openlineage_inject_transport_info,
             **kwargs,
         )
         self.np = np

@@ -62,6 +62,8 @@ class TorchDistributorOperator(TrainingJobOperator):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -74,6 +76,8 @@ class TorchDistributorOperator(TrainingJobOperator):
             slot_wait_timeout=slot_wait_timeout,
             stall_timeout=stall_timeout,
             exit_timeout=exit_timeout,
+            openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
+            openlineage_inject_transport_info=openlineage_inject_transport_info,
             **kwargs,
         )
         if not isinstance(num_processes, str):  # a template is checked once rendered
