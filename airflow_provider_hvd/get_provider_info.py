@@ -37,7 +37,10 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_hvd.operators.torch_distributor"],
             },
         ],
-        "extra-links": ["airflow_provider_hvd.operators.training_job.SparkUILink"],
+        "extra-links": [
+            "airflow_provider_hvd.operators.training_job.SparkUILink",
+            "airflow_provider_hvd.operators.training_job.MlflowRunLink",
+        ],
         # the Training tab: its `airflow.plugins` entry point loads it; Airflow reads this declaration only with
         # [core] lazy_discover_providers = False, then skips it as the plugin already loaded (docs/guide/provider.md)
         "plugins": [

@@ -7,12 +7,12 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
-from airflow_provider_hvd.operators.training_job import SparkUILink, TrainingJobOperator
+from airflow_provider_hvd.operators.training_job import MlflowRunLink, SparkUILink, TrainingJobOperator
 from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
 from airflow_provider_hvd.runner.runner import HorovodRunner
 
-__all__ = ["HorovodRunnerOperator", "SparkUILink"]
+__all__ = ["HorovodRunnerOperator", "MlflowRunLink", "SparkUILink"]
 
 
 class HorovodRunnerOperator(TrainingJobOperator):
@@ -24,7 +24,8 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param np: ranks: ``np > 0`` a Spark barrier job on the connection's cluster, ``np < 0`` local processes.
     :param driver_log_verbosity: ``"log_callback_only"`` (default) or ``"all"``: which rank output reaches
         the task log.
-    :param conn_id: the ``spark`` connection (default ``spark_default``; templated).
+    :param conn_id: the ``spark`` connection (default ``spark_default``; templated), or a ``spark_connect`` one: the
+        job then runs on that Spark Connect server, in a session of its own.
     :param spark_conf: Spark settings on top of the connection's (templated).
     :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
         before failing; a job that can never fit the cluster fails at once.
@@ -35,6 +36,12 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param exit_timeout: seconds or a timedelta (default 120): once every rank's function returned, the task has
         succeeded, and the ranks' exit work (``atexit`` handlers, trackers' flushes) may take this long; a rank
         still exiting then is ended with a warning naming it, and the task still succeeds.
+    :param mlflow: track each try as an MLflow run (default None: off): True (the tracking URI from
+        ``MLFLOW_TRACKING_URI``), or a dict of ``tracking_uri``, ``experiment_name``, ``run_name`` (default
+        ``<dag_id>.<task_id>``, with ``[map_index]`` when mapped) and ``tags`` (templated). The run is tagged
+        ``airflow.dag_id``, ``airflow.task_id``, ``airflow.run_id``, ``airflow.try_number``, ``airflow.map_index``;
+        a retry's run is tagged ``hvd.previous_run_id`` with the earlier try's. The "MLflow run" link and the
+        Training tab lead to it (see docs/mlflow-openlineage.md).
     :param openlineage_inject_parent_job_info: give the Spark session OpenLineage's parent job, this task
         (``spark.openlineage.parentJobName``, ``parentRunId``, ``rootParent*``...), as the apache-spark provider's
         operators do (default None: the ``[openlineage] spark_inject_parent_job_info`` setting, False unless set).
@@ -63,6 +70,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
@@ -77,6 +85,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
             slot_wait_timeout=slot_wait_timeout,
             stall_timeout=stall_timeout,
             exit_timeout=exit_timeout,
+            mlflow=mlflow,
             openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
             openlineage_inject_transport_info=openlineage_inject_transport_info,
             **kwargs,

@@ -29,19 +29,22 @@ class TorchDistributorOperator(TrainingJobOperator):
     :param use_gpu: one GPU per process (default True, as PySpark's); pass False to train on CPUs.
     :param driver_log_verbosity: ``"log_callback_only"`` (default) or ``"all"``: which rank output reaches
         the task log (``local_mode=False``; local processes' output always does).
-    :param conn_id: the ``spark`` connection (default ``spark_default``; templated), for ``local_mode=False``.
+    :param conn_id: the ``spark`` connection (default ``spark_default``; templated), or a ``spark_connect`` one,
+        for ``local_mode=False``.
     :param spark_conf: Spark settings on top of the connection's (templated), e.g.
         ``{"spark.task.resource.gpu.amount": "1"}``.
     :param slot_wait_timeout: seconds to wait for free task slots on a busy cluster (default 600).
     :param stall_timeout: seconds or a timedelta (default None: off): as :class:`HorovodRunnerOperator`'s.
     :param exit_timeout: seconds or a timedelta (default 120) for the processes' exit work once every one
         returned: as :class:`HorovodRunnerOperator`'s.
+    :param mlflow: track each try as an MLflow run (default None: off): as :class:`HorovodRunnerOperator`'s.
     :param openlineage_inject_parent_job_info: OpenLineage's parent job in the Spark session's settings
         (default None: ``[openlineage] spark_inject_parent_job_info``): as :class:`HorovodRunnerOperator`'s.
     :param openlineage_inject_transport_info: OpenLineage's transport there (default None: ``[openlineage]
         spark_inject_transport_info``): as :class:`HorovodRunnerOperator`'s.
 
-    Progress, resume on retry, ``on_kill`` and the Spark UI link are as :class:`HorovodRunnerOperator`'s.
+    Progress, resume on retry, ``on_kill``, the Spark UI link and the MLflow run are as
+    :class:`HorovodRunnerOperator`'s.
     """
 
     kind: ClassVar[str] = "torch.distributed"
@@ -62,6 +65,7 @@ class TorchDistributorOperator(TrainingJobOperator):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
@@ -76,6 +80,7 @@ class TorchDistributorOperator(TrainingJobOperator):
             slot_wait_timeout=slot_wait_timeout,
             stall_timeout=stall_timeout,
             exit_timeout=exit_timeout,
+            mlflow=mlflow,
             openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
             openlineage_inject_transport_info=openlineage_inject_transport_info,
             **kwargs,

@@ -1,9 +1,10 @@
 """What every training operator does around its runner: one base, subclassed per runner.
 
-:class:`TrainingJobOperator` holds the Airflow side (the ``spark`` connection, templated arguments, context
-values, the task log, ``on_kill``, the task state store and resume on retry, the stall timeout, the XCom check,
-the Spark UI link); a subclass says only how its runner is built and whether the job runs without Spark:
-``HorovodRunnerOperator`` (``operators/horovod.py``), ``TorchDistributorOperator`` (``operators/torch_distributor.py``).
+:class:`TrainingJobOperator` holds the Airflow side (the ``spark`` or ``spark_connect`` connection, templated
+arguments, context values, the task log, ``on_kill``, the task state store and resume on retry, the stall timeout,
+the XCom check, the Spark UI link, one MLflow run per try and its link); a subclass says only how its runner is
+built and whether the job runs without Spark: ``HorovodRunnerOperator`` (``operators/horovod.py``),
+``TorchDistributorOperator`` (``operators/torch_distributor.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
+from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, check_mlflow_option
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.operators.openlineage import (
     PARENT_JOB_SETTING,
@@ -39,14 +41,26 @@ _SHIPPABLE = (str, int, float, bool, type(None))
 class SparkUILink(BaseOperatorLink):
     """A page about the Spark application that ran the task's barrier job, one that outlives the task.
 
-    The History Server's, YARN's tracking URL or the standalone master's application page; no link on a
-    local master (the driver's own UI stops with the task).
+    The History Server's, YARN's tracking URL or the standalone master's application page; on Spark Connect,
+    the server's own UI, which outlives the task; no link on a local master (the driver's own UI stops with
+    the task).
     """
 
     name = "Spark UI"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         return getattr(operator, "spark_ui_url", None) or ""
+
+
+class MlflowRunLink(BaseOperatorLink):
+    """The MLflow run of the task's try (``mlflow=``), in the tracking server's UI; none where the tracking URI
+    has no UI (a local ``file:`` or database store)."""
+
+    name = "MLflow run"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        run = getattr(operator, "mlflow_run", None)
+        return (run.url if isinstance(run, TryMlflowRun) else None) or ""
 
 
 class TrainingJobOperator(BaseOperator):
@@ -58,9 +72,14 @@ class TrainingJobOperator(BaseOperator):
 
     #: the ranks' kind, in messages ("the task was killed; every Horovod rank was ended")
     kind: ClassVar[str] = "training"
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "conn_id", "spark_conf")
-    template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "spark_conf": "json"}
-    operator_extra_links = (SparkUILink(),)
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "conn_id", "spark_conf", "mlflow")
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "op_args": "py",
+        "op_kwargs": "py",
+        "spark_conf": "json",
+        "mlflow": "json",
+    }
+    operator_extra_links = (SparkUILink(), MlflowRunLink())
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -75,11 +94,13 @@ class TrainingJobOperator(BaseOperator):
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         stall_timeout: float | timedelta | None = None,
         exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
+        mlflow: bool | Mapping[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
+        self.mlflow = check_mlflow_option(mlflow)
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
@@ -96,6 +117,7 @@ class TrainingJobOperator(BaseOperator):
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         self.openlineage_inject_transport_info = openlineage_inject_transport_info
         self.spark_ui_url: str | None = None
+        self.mlflow_run: TryMlflowRun | None = None
         self._hook: HorovodHook | None = None
         self._runner: JobRunner | None = None
         self._killed = False
@@ -103,7 +125,7 @@ class TrainingJobOperator(BaseOperator):
     def make_runner(self, **common: Any) -> JobRunner:
         """The runner of this task's job, from the (rendered) operator's own fields and ``common``: the
         ``driver_log_verbosity``, ``slot_wait_timeout``, ``stall_timeout``, ``exit_timeout``, ``resume_from`` and
-        ``progress_sink`` every runner takes."""
+        ``progress_sink`` every runner takes, and ``mlflow`` (an ``MlflowSettings``) when the task tracks its run."""
         raise NotImplementedError
 
     def runs_locally(self) -> bool:
@@ -143,6 +165,8 @@ class TrainingJobOperator(BaseOperator):
             openlineage_conf=None if local else self._openlineage_conf(context),
         )
         progress = self._task_state_progress(context)
+        self.mlflow_run = self._mlflow_run(context)
+        tracking = {"mlflow": self.mlflow_run.settings()} if self.mlflow_run else {}
         self._runner = runner = self.make_runner(
             driver_log_verbosity=self.driver_log_verbosity,
             slot_wait_timeout=self.slot_wait_timeout,
@@ -150,6 +174,7 @@ class TrainingJobOperator(BaseOperator):
             exit_timeout=self.exit_timeout,
             resume_from=progress.last_checkpoint() if progress else None,
             progress_sink=progress,
+            **tracking,
         )
         try:
             value = self._hook.run_job(runner, lambda: self.start(runner, self.op_args, kwargs), local=local)
@@ -180,6 +205,24 @@ class TrainingJobOperator(BaseOperator):
             return None
         ti = context.get("ti")
         return TaskStateProgress(store, getattr(ti, "try_number", None))
+
+    def _mlflow_run(self, context: Context) -> TryMlflowRun | None:
+        """This try's MLflow run (None without ``mlflow=``), linked to the earlier try's through the store."""
+        if self.mlflow is None:
+            return None
+        ti = context["ti"]
+        link = MlflowRunLink()
+        map_index = getattr(ti, "map_index", None)
+        return TryMlflowRun(
+            self.mlflow,  # rendered
+            dag_id=self.dag_id,
+            task_id=self.task_id,
+            run_id=context["run_id"],
+            try_number=getattr(ti, "try_number", None),
+            map_index=-1 if map_index is None else map_index,
+            store=context.get("task_state_store"),
+            publish=lambda url: ti.xcom_push(key=link.xcom_key, value=url),  # Airflow pushes it again at the end
+        )
 
     def _check_xcom_value(self, value: Any) -> None:
         from airflow.sdk.execution_time.xcom import XCom

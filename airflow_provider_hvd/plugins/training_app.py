@@ -1,6 +1,8 @@
-"""The Training tab's app, mounted by Airflow's API server: a task instance's metric curves and last checkpoint.
+"""The Training tab's app, mounted by Airflow's API server: a task instance's metric curves, last checkpoint and
+MLflow run.
 
-It reads the task state store (``hvd_metrics``, ``hvd_checkpoint``: :mod:`airflow_provider_hvd.hooks.task_state`)
+It reads the task state store (``hvd_metrics``, ``hvd_checkpoint``: :mod:`airflow_provider_hvd.hooks.task_state`;
+``hvd_mlflow``: :mod:`airflow_provider_hvd.hooks.mlflow_runs`)
 and draws the curves on the server, as SVG (:mod:`.charts`); while the task is not finished, a small script it
 serves itself reloads them every few seconds. Every page checks access as the API server's own task-instance
 views do (``requires_access_dag(GET, TASK_INSTANCE)``): the UI's ``_token`` cookie reaches this same-origin
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from html import escape
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -23,6 +25,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy import select
 
+from airflow_provider_hvd.hooks.mlflow_runs import MLFLOW_KEY
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
 from airflow_provider_hvd.plugins.charts import charts_html
 from airflow_provider_hvd.runner.driver.progress import describe_checkpoint
@@ -33,8 +36,8 @@ REFRESH_S = 3
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 12px; color: #1a202c; }
 .meta { color: #4a5568; font-size: 13px; margin-bottom: 8px; }
-.checkpoint { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: 4px; padding: 6px 10px; margin: 8px 0;
-  font-size: 14px; word-break: break-all; }
+.checkpoint, .mlflow { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: 4px; padding: 6px 10px;
+  margin: 8px 0; font-size: 14px; word-break: break-all; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 svg.chart { background: #fff; border: 1px solid #e2e8f0; border-radius: 4px; }
 svg .frame { fill: none; stroke: #cbd5e0; }
@@ -43,7 +46,7 @@ svg text { font-size: 11px; fill: #4a5568; }
 svg .title { font-size: 13px; font-weight: 600; fill: #1a202c; }
 svg .ytick { text-anchor: end; } svg .end, svg .last { text-anchor: end; } svg .empty { text-anchor: middle; }
 @media (prefers-color-scheme: dark) { body { background: #1a202c; color: #e2e8f0; }
-  .checkpoint { background: #2d3748; border-color: #4a5568; } }
+  .checkpoint, .mlflow { background: #2d3748; border-color: #4a5568; } a { color: #90cdf4; } }
 """
 
 # Reloads the panel while the task instance is not finished (its panel says so with data-live="true").
@@ -89,7 +92,7 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
     rows = session.execute(
         select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
             *_of_task(TaskStateStoreModel, dag_id, run_id, task_id, map_index),
-            TaskStateStoreModel.key.in_([METRICS_KEY, CHECKPOINT_KEY]),
+            TaskStateStoreModel.key.in_([METRICS_KEY, CHECKPOINT_KEY, MLFLOW_KEY]),
         )
     ).all()
     return {row.key: json.loads(row.value) for row in rows}
@@ -98,6 +101,21 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
 def _text(value: object) -> str:
     """A stored value as HTML text: every value the page shows comes from the store, which any task can write."""
     return escape(str(value))
+
+
+def _mlflow_link(run: object) -> str:
+    """The MLflow run of the latest try, a link where it has a web address (any task can write the store: only
+    http(s) addresses become links)."""
+    if not isinstance(run, dict) or "run_id" not in run:
+        return ""
+    url = run.get("url")
+    name = _text(run["run_id"])
+    shown = (
+        f'<a href="{escape(url, quote=True)}" target="_blank" rel="noopener noreferrer">{name}</a>'
+        if isinstance(url, str) and urlsplit(url).scheme in ("http", "https")
+        else name
+    )
+    return f'<div class="mlflow" id="mlflow">MLflow run of try {_text(run.get("try_number"))}: {shown}</div>'
 
 
 def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
@@ -111,6 +129,7 @@ def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int)
     state = str(ti.state.value if hasattr(ti.state, "value") else ti.state or "none")
     entries = _entries(session, dag_id, run_id, task_id, map_index)
     metrics, checkpoint = entries.get(METRICS_KEY), entries.get(CHECKPOINT_KEY)
+    mlflow_link = _mlflow_link(entries.get(MLFLOW_KEY))
     parts = [
         f'<div class="meta" data-live="{str(state not in FINISHED).lower()}" data-state="{_text(state)}">'
         f"Task {_text(state)}, try {_text(ti.try_number)}"
@@ -124,6 +143,8 @@ def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int)
         if not isinstance(thinned_by, int | float) or thinned_by > 1:
             parts.append(f" (every {_text(thinned_by)}th point shown)")
     parts.append("</div>")
+    if mlflow_link:
+        parts.append(mlflow_link)
     if isinstance(checkpoint, dict) and "path" in checkpoint:
         parts.append(
             f'<div class="checkpoint" id="checkpoint">Last checkpoint: {_text(describe_checkpoint(checkpoint))}'

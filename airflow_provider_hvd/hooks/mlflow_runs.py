@@ -1,0 +1,138 @@
+"""One MLflow run per try of a training task: the operator's ``mlflow=``, the Airflow tags, and each try's run.
+
+The run of a try is recorded in the task state store under ``hvd_mlflow`` (``{"run_id", "url", "try_number"}``)
+as soon as it is created. The next try reads it and hands it to the runner as ``previous_run_id``: its own run
+is tagged ``hvd.previous_run_id`` with it, and a run that is still RUNNING there (its try was killed hard, with
+no chance to end it) is ended KILLED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_hvd.runner.driver.mlflow_run import MAPPING_KEYS, MlflowSettings, mlflow_settings
+
+if TYPE_CHECKING:
+    from airflow_provider_hvd.hooks.task_state import StateStore
+
+MLFLOW_KEY = "hvd_mlflow"
+
+log = logging.getLogger(__name__)
+
+
+def check_mlflow_option(value: object) -> dict[str, Any] | None:
+    """``mlflow=`` as the operator keeps it: None when off (None, False), ``{}`` for True, else the dict, checked
+    as the runner checks it (at parse time, and once rendered): a ValueError naming what is wrong."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"mlflow must be True, a dict with keys among {list(MAPPING_KEYS)}, or None, not "
+            f"{type(value).__name__} {value!r}: e.g. mlflow={{'tracking_uri': 'http://mlflow:5000', "
+            "'experiment_name': 'vision'}"
+        )
+    mlflow_settings(value)
+    return dict(value)
+
+
+def airflow_tags(dag_id: str, task_id: str, run_id: str, try_number: int | None, map_index: int) -> dict[str, str]:
+    """The tags that say which task instance and try a run belongs to."""
+    return {
+        "airflow.dag_id": dag_id,
+        "airflow.task_id": task_id,
+        "airflow.run_id": run_id,
+        "airflow.try_number": str(try_number),
+        "airflow.map_index": str(map_index),
+    }
+
+
+def earlier_run_id(store: StateStore | None, try_number: int | None) -> str | None:
+    """The MLflow run of an earlier try of this task instance, recorded in its task state store, or None."""
+    if store is None:
+        return None
+    try:
+        record = store.get(MLFLOW_KEY)
+    except Exception as exc:  # noqa: BLE001 - the link to the earlier run is worth a warning, not a failed task
+        log.warning("Could not read the earlier try's MLflow run from the task state store (%r): not linked", exc)
+        return None
+    if record is None:
+        return None
+    if not isinstance(record, Mapping) or not isinstance(record.get("run_id"), str):
+        log.warning("The task state store's %r is not an MLflow run (%r): not linked", MLFLOW_KEY, record)
+        return None
+    if record.get("try_number") == try_number:  # this very try's (a value left by another run of the same try)
+        return None
+    return str(record["run_id"])
+
+
+class TryMlflowRun:
+    """The MLflow run of one try: its settings for the runner, and where it is recorded once created.
+
+    :param option: ``mlflow=`` as :func:`check_mlflow_option` returns it (not None).
+    :param store: the task state store (None before Airflow 3.3: no link to the earlier try then).
+    :param publish: called with the run's URL once it is created (the operator's link, while the try runs).
+    """
+
+    def __init__(
+        self,
+        option: Mapping[str, Any],
+        *,
+        dag_id: str,
+        task_id: str,
+        run_id: str,
+        try_number: int | None,
+        map_index: int,
+        store: StateStore | None,
+        publish: Callable[[str], None] | None = None,
+    ) -> None:
+        check_mlflow_option(option)  # as rendered
+        self._settings = mlflow_settings(dict(option)) or MlflowSettings()
+        self.tags = {**self._settings.tags, **airflow_tags(dag_id, task_id, run_id, try_number, map_index)}
+        self.run_name = self._settings.run_name or f"{dag_id}.{task_id}" + (f"[{map_index}]" if map_index >= 0 else "")
+        self.try_number = try_number
+        self._store = store
+        self._publish = publish
+        self.previous_run_id = earlier_run_id(store, try_number)
+        self.run_id: str | None = None
+        self.url: str | None = None
+
+    def settings(self) -> MlflowSettings:
+        """The runner's ``mlflow=``: :meth:`started` is its ``on_start``."""
+        return dataclasses.replace(
+            self._settings,
+            run_name=self.run_name,
+            tags=self.tags,
+            previous_run_id=self.previous_run_id,
+            on_start=self.started,
+        )
+
+    def started(self, run_id: str, url: str | None) -> None:
+        """The runner's ``on_start``: record the run for the next try, publish its link (never raises)."""
+        self.run_id, self.url = run_id, url
+        if self.previous_run_id:  # (the runner logs the run's URL)
+            log.info(
+                "MLflow run %s of try %s follows the earlier try's run %s",
+                run_id,
+                self.try_number,
+                self.previous_run_id,
+            )
+        if self._store is not None:
+            try:
+                self._store.set(MLFLOW_KEY, {"run_id": run_id, "url": url, "try_number": self.try_number})
+            except Exception as exc:  # noqa: BLE001 - whatever the store raises, the training goes on
+                log.warning(
+                    "Could not record MLflow run %s in the task state store (%r): the next try's run will not link "
+                    "to it",
+                    run_id,
+                    exc,
+                )
+        if self._publish is not None and url:
+            try:
+                self._publish(url)
+            except Exception as exc:  # noqa: BLE001 - the link comes at the try's end anyway
+                log.warning("Could not publish the MLflow run's link while the task runs (%r)", exc)
