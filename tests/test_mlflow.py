@@ -6,16 +6,20 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+import threading
 import time
+import urllib.parse
 import uuid
 
 import pytest
 from cancels import CancelAtLaunch
 from mlflow import MlflowClient
+from test_channel_tls import RecordingProxy
 
 from airflow_provider_hvd.runner import HorovodRunner, RankFailedError, RunCancelledError, TorchDistributor
 from airflow_provider_hvd.runner.driver import mlflow_run
 from airflow_provider_hvd.runner.driver.mlflow_run import MlflowSettings, mlflow_settings
+from airflow_provider_hvd.runner.shared.timing import FINAL_WRITE_S
 
 RUNNER_LOG = "airflow_provider_hvd.runner"
 
@@ -80,6 +84,45 @@ def test_a_run_is_one_mlflow_run_with_its_settings_metrics_checkpoint_and_rank0s
     assert len(client.get_metric_history(run.info.run_id, "acc")) == 3
 
 
+def many_steps(steps):
+    import os
+
+    from airflow_provider_hvd.runner import log_metrics
+
+    if int(os.environ["HOROVOD_RANK"]) != 0:
+        return None
+    for step in range(steps):
+        log_metrics(step, loss=1.0 / (step + 1))
+    import mlflow
+
+    mlflow.log_param("on_spark", True)  # rank 0 on an executor logs into the run too
+    return None
+
+
+def test_on_spark_the_run_has_the_application_and_its_metrics_come_in_a_few_batches(
+    spark_local, mlflow_server, monkeypatch
+):
+    batches = []
+    log_batch = MlflowClient.log_batch
+
+    def counted(self, run_id, metrics=(), **kwargs):
+        if metrics:
+            batches.append(len(metrics))
+        return log_batch(self, run_id, metrics=metrics, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", counted)  # counts the driver's calls; each still made
+    name = experiment()
+    runner = HorovodRunner(np=2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
+    runner.run(many_steps, steps=300)
+    client = MlflowClient(mlflow_server)
+    (run,) = runs_of(client, name)
+    assert run.data.tags["hvd.spark_app_id"] == spark_local.sparkContext.applicationId
+    assert run.data.params["on_spark"] == "True" and run.info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert history == sorted(runner.metrics["loss"]) and len(history) == 300
+    assert sum(batches) == 300 and len(batches) <= 4, batches  # one call every few seconds, not one per step
+
+
 def failing_training():
     import torch.distributed as dist
 
@@ -101,16 +144,16 @@ def test_a_failed_run_ends_its_mlflow_run_failed_with_the_cause(mlflow_server):
     assert run.data.tags["hvd.runner"] == "TorchDistributor" and run.data.params["num_processes"] == "2"
 
 
-class CancelAtCheckpoint(logging.Handler):
-    """Cancels the runner once its driver has the rank's checkpoint (its metrics came before it)."""
+class OnCheckpoint(logging.Handler):
+    """Calls ``action`` once the driver has the rank's checkpoint (its metrics came before it)."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, action) -> None:
         super().__init__()
-        self.runner = runner
+        self.action = action
 
     def emit(self, record: logging.LogRecord) -> None:
         if "reported the checkpoint" in record.getMessage():
-            self.runner.cancel()
+            self.action()
 
 
 def training_until_cancelled():
@@ -126,7 +169,7 @@ def training_until_cancelled():
 def test_a_cancelled_run_ends_its_mlflow_run_killed_with_what_was_reported(mlflow_server):
     name = experiment()
     runner = HorovodRunner(np=-2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
-    handler = CancelAtCheckpoint(runner)
+    handler = OnCheckpoint(runner.cancel)
     logging.getLogger(RUNNER_LOG).addHandler(handler)
     try:
         with pytest.raises(RunCancelledError):
@@ -200,6 +243,69 @@ def test_a_tracking_server_that_fails_costs_one_warning_and_not_the_run(
     (warning,) = mlflow_warnings(caplog)
     assert uri in warning and "goes on without MLflow" in warning
     assert took < 45, f"the run took {took:.0f}s"  # MLflow's own retries would take minutes
+
+
+class HangingProxy(RecordingProxy):
+    """Forwards to the tracking server until ``hung`` is set; from then on nothing passes (a hung server)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.hung, self._closing = threading.Event(), threading.Event()
+        super().__init__(target)
+
+    def _forwarders(self, client: socket.socket, server: socket.socket) -> list:
+        return [(self._forward, (client, server)), (self._forward, (server, client))]
+
+    def _forward(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if self.hung.is_set():
+                    self._closing.wait()  # held: the other side waits for an answer that never comes
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        self.reset(src, dst)
+
+    def close(self) -> None:
+        self._closing.set()
+        self.reset(self.listener, *self._socks)  # (a shutdown wakes the accept() in progress; a close does not)
+        super().close()
+
+
+def reports_and_returns():
+    from airflow_provider_hvd.runner import log_metrics, report_checkpoint
+
+    log_metrics(1, loss=0.5)
+    report_checkpoint("/ckpt/1.pt")
+    return 7
+
+
+@pytest.mark.parametrize("trouble", ["hangs at the end", "deleted the run"])
+def test_a_tracking_server_that_fails_later_costs_one_warning_and_at_most_final_write_s(trouble, mlflow_server, caplog):
+    client, name = MlflowClient(mlflow_server), experiment()
+    proxy = HangingProxy(("127.0.0.1", urllib.parse.urlsplit(mlflow_server).port))
+    runner = HorovodRunner(np=-2, mlflow={"tracking_uri": f"http://127.0.0.1:{proxy.port}", "experiment_name": name})
+    if trouble == "hangs at the end":
+        action = proxy.hung.set
+    else:
+        action = lambda: client.delete_run(runner.mlflow_run_id)  # noqa: E731 - its next writes are refused
+    handler = OnCheckpoint(action)
+    logging.getLogger(RUNNER_LOG).addHandler(handler)
+    caplog.set_level(logging.INFO, RUNNER_LOG)
+    began = time.monotonic()
+    try:
+        assert runner.run(reports_and_returns) == 7
+    finally:
+        logging.getLogger(RUNNER_LOG).removeHandler(handler)
+        took = time.monotonic() - began
+        proxy.close()
+    (warning,) = mlflow_warnings(caplog)
+    assert runner.mlflow_run_id in warning
+    if trouble == "hangs at the end":
+        assert f"did not answer within {FINAL_WRITE_S:g}s of the run's end" in warning
+        assert took < 60, f"the run took {took:.0f}s"  # MLflow's own request timeout is 120 s
+    else:
+        assert "could not log the metrics" in warning
 
 
 def autologged_training():

@@ -387,7 +387,10 @@ class MlflowRun:
         try:
             call()
         except Exception as exc:  # noqa: BLE001 - MLflow is best effort: the training goes on
-            self._warn_once(f"could not {what} ({self.tracking_uri}): {exc!r}; the training goes on")
+            self._warn_once(
+                f"could not {what} in the MLflow run {self.run_id} ({self.tracking_uri}): {exc!r}; the training "
+                "goes on (later MLflow errors of this run are logged at DEBUG)"
+            )
             log.debug("%s: could not %s", self.runner, what, exc_info=True)
 
 
