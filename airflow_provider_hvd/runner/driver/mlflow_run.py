@@ -325,17 +325,18 @@ class MlflowRun:
             self._call("end the previous try's MLflow run", self._end_previous)
         while True:
             ending = self._ending.wait(BATCH_EVERY_S)
-            self._send_due()
-            if ending:
-                self._finish()
-                return
-
-    def _finish(self) -> None:
-        with self._lock:
-            status, failure = self._status or ("FINISHED", None)
-        if failure is not None:
-            self._call("record the failure", lambda: self._client.set_tag(self.run_id, "hvd.failure", failure))
-        self._call(f"end the MLflow run {status}", lambda: self._client.set_terminated(self.run_id, status))
+            if not ending:
+                self._send_due()
+                continue
+            with self._lock:
+                status, failure = self._status or ("FINISHED", None)
+                if failure is not None:
+                    self._tags["hvd.failure"] = failure
+            self._send_due()  # the last metrics, and the failure's tag: then the status, last
+            self._call(
+                f"end the MLflow run {status}", functools.partial(self._client.set_terminated, self.run_id, status)
+            )
+            return
 
     def _create(self) -> None:
         from mlflow.entities import Param
@@ -377,11 +378,14 @@ class MlflowRun:
         with self._lock:
             metrics, self._metrics = self._metrics, []
             tags, self._tags = [RunTag(key, value) for key, value in self._tags.items()], {}
-        for start in range(0, len(metrics), _BATCH_MAX):
-            chunk = metrics[start : start + _BATCH_MAX]
-            self._call("log the metrics", functools.partial(self._client.log_batch, self.run_id, metrics=chunk))
-        if tags:
-            self._call("record the checkpoint", lambda: self._client.log_batch(self.run_id, tags=tags))
+        if not metrics and not tags:
+            return
+        # one call for all (MLflow takes at most _BATCH_MAX entities a call): the tags ride with the first metrics
+        first = _BATCH_MAX - len(tags)
+        chunks = [metrics[:first], *(metrics[i : i + _BATCH_MAX] for i in range(first, len(metrics), _BATCH_MAX))]
+        for i, chunk in enumerate(chunks):
+            send = functools.partial(self._client.log_batch, self.run_id, metrics=chunk, tags=tags if i == 0 else ())
+            self._call("log the metrics" if chunk else "record the tags", send)
 
     def _call(self, what: str, call: Callable[[], Any]) -> None:
         try:
