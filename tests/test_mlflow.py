@@ -246,11 +246,16 @@ def test_a_tracking_server_that_fails_costs_one_warning_and_not_the_run(
 
 
 class HangingProxy(RecordingProxy):
-    """Forwards to the tracking server until ``hung`` is set; from then on nothing passes (a hung server)."""
+    """Forwards to the tracking server until ``hung`` is set; from then on nothing passes (a hung server) until
+    :meth:`release`."""
 
     def __init__(self, target: tuple[str, int]) -> None:
-        self.hung, self._closing = threading.Event(), threading.Event()
+        self.hung, self._go, self._closing = threading.Event(), threading.Event(), threading.Event()
         super().__init__(target)
+
+    def release(self) -> None:
+        self.hung.clear()
+        self._go.set()
 
     def _forwarders(self, client: socket.socket, server: socket.socket) -> list:
         return [(self._forward, (client, server)), (self._forward, (server, client))]
@@ -259,8 +264,9 @@ class HangingProxy(RecordingProxy):
         try:
             while data := src.recv(1 << 16):
                 if self.hung.is_set():
-                    self._closing.wait()  # held: the other side waits for an answer that never comes
-                    break
+                    self._go.wait()  # held: the other side waits for an answer
+                    if self._closing.is_set():
+                        break
                 dst.sendall(data)
         except OSError:
             pass
@@ -268,6 +274,7 @@ class HangingProxy(RecordingProxy):
 
     def close(self) -> None:
         self._closing.set()
+        self._go.set()
         self.reset(self.listener, *self._socks)  # (a shutdown wakes the accept() in progress; a close does not)
         super().close()
 
@@ -306,6 +313,40 @@ def test_a_tracking_server_that_fails_later_costs_one_warning_and_at_most_final_
         assert took < 60, f"the run took {took:.0f}s"  # MLflow's own request timeout is 120 s
     else:
         assert "could not log the metrics" in warning
+
+
+class OnMessage(logging.Handler):
+    def __init__(self, text: str, action) -> None:
+        super().__init__()
+        self.text, self.action = text, action
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.action()
+
+
+def test_an_mlflow_run_created_after_the_start_gave_up_is_ended_killed(mlflow_server, monkeypatch, caplog):
+    monkeypatch.setattr(mlflow_run, "START_WAIT_S", 1.0)
+    client, name = MlflowClient(mlflow_server), experiment()
+    proxy = HangingProxy(("127.0.0.1", urllib.parse.urlsplit(mlflow_server).port))
+    proxy.hung.set()  # the server answers once the run's start gave up on it
+    handler = OnMessage("did not create the run within", proxy.release)
+    logging.getLogger(RUNNER_LOG).addHandler(handler)
+    try:
+        runner = HorovodRunner(
+            np=-2, mlflow={"tracking_uri": f"http://127.0.0.1:{proxy.port}", "experiment_name": name}
+        )
+        assert runner.run(returns_seven) == 7 and runner.mlflow_run_id is None
+        deadline = time.monotonic() + 60
+        while not [run for run in runs_of(client, name) if run.info.status == "KILLED"]:  # the writer's last call
+            assert time.monotonic() < deadline, [run.info for run in runs_of(client, name)]
+            time.sleep(0.2)
+    finally:
+        logging.getLogger(RUNNER_LOG).removeHandler(handler)
+        proxy.close()
+    (run,) = runs_of(client, name)
+    assert "gave up on it" in run.data.tags["hvd.failure"]
+    assert len(mlflow_warnings(caplog)) == 1
 
 
 def autologged_training():

@@ -319,6 +319,8 @@ class MlflowRun:
             late = self._gave_up
         self._created.set()
         if late:
+            why = f"created after the run's start gave up on it ({START_WAIT_S:g}s): the run went on without MLflow"
+            self._call("end the late MLflow run", lambda: self._client.set_tag(self.run_id, "hvd.failure", why))
             self._call("end the late MLflow run", lambda: self._client.set_terminated(self.run_id, "KILLED"))
             return
         if self.settings.previous_run_id:
