@@ -19,6 +19,7 @@ from test_channel_tls import RecordingProxy
 from airflow_provider_hvd.runner import HorovodRunner, RankFailedError, RunCancelledError, TorchDistributor
 from airflow_provider_hvd.runner.driver import mlflow_run
 from airflow_provider_hvd.runner.driver.mlflow_run import MlflowSettings, mlflow_settings
+from airflow_provider_hvd.runner.shared.messages import Metrics
 from airflow_provider_hvd.runner.shared.timing import FINAL_WRITE_S
 
 RUNNER_LOG = "airflow_provider_hvd.runner"
@@ -374,6 +375,19 @@ def test_mlflow_autolog_in_rank_0_logs_into_the_runners_run(mlflow_server):
     assert run.info.run_id == runner.mlflow_run_id and run.info.status == "FINISHED"
     assert run.data.tags.get("mlflow.autologging") == "keras" and run.data.params["epochs"] == "2"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]  # one per epoch
+
+
+def test_metrics_waiting_for_a_server_that_takes_none_stay_bounded(monkeypatch, caplog):
+    monkeypatch.setattr(mlflow_run, "_MAX_DUE", 5)
+    run = mlflow_run.MlflowRun(MlflowSettings(), "HorovodRunner", 2, {})
+    run.run_id = "r1"  # (created; its writer is stuck in the tracking server)
+    for step in range(4):
+        run.take(0, Metrics(step, {"loss": 1.0, "acc": None, "bad name?": 2.0}, time.time()))
+    run.take(1, Metrics(9, {"loss": 1.0}, time.time()))  # not the metrics rank
+    assert [(m.key, m.step) for m in run._metrics] == [("loss", 0), ("acc", 0), ("loss", 1), ("acc", 1), ("loss", 2)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and "'bad name?' is not an MLflow metric name" in warnings[0]
+    assert "5 metric points wait" in warnings[1]
 
 
 def test_the_mlflow_setting_is_checked_and_mlflow_must_be_installed(monkeypatch):

@@ -42,6 +42,7 @@ START_WAIT_S = 10.0
 # The metrics are sent at most once every this many seconds (and what is left at the run's end).
 BATCH_EVERY_S = 3.0
 _BATCH_MAX = 1000  # MLflow's most metrics (and entities) in one log_batch
+_MAX_DUE = 100_000  # metric points waiting for a tracking server that does not take them: past this, dropped
 _VALID_NAME = re.compile(r"^[/\w.\- :]+$")  # the metric names MLflow accepts
 _TAG_MAX = 5000  # a tag value's most characters here (MLflow takes 8,000)
 
@@ -193,6 +194,7 @@ class MlflowRun:
         self._status: tuple[str, str | None] | None = None  # (status, failure) once the run ended
         self._warned = False
         self._skipped_names: set[str] = set()
+        self._dropped = 0
         self._writer: threading.Thread | None = None
 
     # -- the driver's side ---------------------------------------------------------------------------------
@@ -267,7 +269,16 @@ class MlflowRun:
                 continue
             metrics.append(Metric(name, float("nan") if value is None else float(value), at, step))
         with self._lock:
-            self._metrics.extend(metrics)
+            room = max(0, _MAX_DUE - len(self._metrics))
+            self._metrics.extend(metrics[:room])
+            dropped, self._dropped = self._dropped, self._dropped + max(0, len(metrics) - room)
+        if self._dropped and not dropped:
+            log.warning(
+                "%s: %d metric points wait for the MLflow tracking server %s: those reported past them are not sent",
+                self.runner,
+                _MAX_DUE,
+                self.tracking_uri,
+            )
 
     def end(self, error: BaseException | None) -> None:
         """End the run as the runner's run ended: FINISHED, FAILED (``hvd.failure``) or KILLED (a cancel, an
