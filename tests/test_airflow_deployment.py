@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from airflow_deployment import AirflowDeployment, event_lines, log_text, show_log_if_failed
@@ -19,7 +21,10 @@ from jobs import alive, wait_for_pids
 from spark_cluster import free_port
 
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
-DAGS = [EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry"]
+DAGS = [
+    *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry"),
+    "hvd_mlflow_killed_hard",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,7 @@ def hosts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def airflow(standalone_cluster, hosts, tmp_path_factory, request):
+def airflow(standalone_cluster, hosts, mlflow_server, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-deployment")
     # a spark connection as the connection form invites: the scheme in Host, the port in its own field
     spark_default = {
@@ -47,6 +52,7 @@ def airflow(standalone_cluster, hosts, tmp_path_factory, request):
     env = {
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
         "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
+        "MLFLOW_TRACKING_URI": mlflow_server,  # for the tasks with mlflow=True
     }
     if hosts is not None:  # the driver, in the task's process, listens on the bridge the hosts reach
         on_hosts = {"spark.executor.cores": "1", **hosts.session_conf()}
@@ -136,6 +142,41 @@ def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(
     assert not [pid for pid in pids if alive(pid)], "rank processes outlived the task marked failed"
     assert active_apps(standalone_cluster) == [], "the task's Spark application outlived it"
     assert airflow.wait_for_run("hvd_on_kill", run_id, timeout=60) == "failed"
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_try_killed_hard_leaves_its_mlflow_run_to_the_retry_which_ends_it_killed(airflow, mlflow_server, tmp_path):
+    """SIGKILL to the task's process (a lost worker, the OOM killer): its MLflow run cannot be ended by it, so the
+    retry, linked to it through the task state store, ends it KILLED; the "MLflow run" link is the retry's."""
+    from mlflow import MlflowClient
+
+    dag_id, task_id = "hvd_mlflow_killed_hard", "lose_the_first_try"
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    run_id = airflow.trigger(dag_id, {"pid_dir": str(pid_dir)})
+    try:
+        rank_pid = wait_for_pids(str(pid_dir), 2, timeout=120)[0]
+    except TimeoutError:
+        pytest.fail(log_text(airflow.task_log(dag_id, run_id, task_id)))
+    task_pid = parent_pid(parent_pid(rank_pid))  # rank ← its reaper ← the driver, in the task's process
+    assert "airflow" in Path(f"/proc/{task_pid}/cmdline").read_text(), "not the task's process"
+    os.kill(task_pid, signal.SIGKILL)
+    state = airflow.wait_for_run(dag_id, run_id, timeout=240)
+    second_log = log_text(airflow.task_log(dag_id, run_id, task_id, 2))
+    assert state == "success", second_log
+    mlflow = MlflowClient(mlflow_server)
+    first, second = sorted(
+        mlflow.search_runs(["0"], f"tags.`airflow.run_id` = '{run_id}'"),
+        key=lambda run: int(run.data.tags["airflow.try_number"]),
+    )
+    assert (first.info.status, second.info.status) == ("KILLED", "FINISHED")
+    assert second.data.tags["hvd.previous_run_id"] == first.info.run_id
+    assert second.info.run_id in first.data.tags["hvd.ended_by"]
+    link = airflow.extra_links(dag_id, run_id, task_id)["MLflow run"]
+    assert link == f"{mlflow_server}/#/experiments/0/runs/{second.info.run_id}" and link in second_log
 
 
 def test_a_torch_distributed_task_names_its_failed_rank_and_resumes_on_its_retry(airflow, standalone_cluster, tmp_path):

@@ -85,3 +85,24 @@ with DAG("torch_resume_on_retry", schedule=None, start_date=START, catchup=False
         return {"resumed_from": resumed["epoch"] if resumed else None, "size": int(total.item())}
 
     train_resumable(ckpt_dir="{{ params.ckpt_dir }}", attempt="{{ ti.try_number }}")
+
+
+with DAG("hvd_mlflow_killed_hard", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
+
+    @task.horovod(np=-2, retries=1, retry_delay=timedelta(seconds=1), mlflow=True)
+    def lose_the_first_try(pid_dir: str, attempt: str) -> dict:
+        """The first try waits to be killed hard (the test SIGKILLs the task's process, as a lost worker would be):
+        its MLflow run is left RUNNING for the retry to end. ``mlflow=True``: the deployment's MLFLOW_TRACKING_URI."""
+        import os
+        import time
+        from pathlib import Path
+
+        import horovod.torch as hvd
+
+        hvd.init()
+        if int(attempt) == 1:
+            Path(pid_dir, f"rank-{hvd.rank()}.pid").write_text(str(os.getpid()))
+            time.sleep(300)
+        return {"attempt": int(attempt)}
+
+    lose_the_first_try(pid_dir="{{ params.pid_dir }}", attempt="{{ ti.try_number }}")
