@@ -197,6 +197,8 @@ class _Runner:
 
     def _start_mlflow_run(self, size: int, conf: Callable[[str], str | None]) -> MlflowRun | None:
         """The run's MLflow run when ``mlflow`` is set and its tracking server made it (else one warning)."""
+        if self.mlflow is None:
+            return None
         name = type(self).__name__
         tracking = start_mlflow_run(
             self.mlflow, name, size, self._mlflow_params(), conf("spark.app.id"), self.metrics_rank
