@@ -21,8 +21,9 @@ from jobs import alive, wait_for_pids
 from spark_cluster import free_port
 
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
+CONNECT = "hvd_on_spark_connect"  # dags/hvd_connect_dags.py: HorovodRunnerOperator on a spark_connect connection
 DAGS = [
-    *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry"),
+    *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry", CONNECT),
     "hvd_mlflow_killed_hard",
 ]
 
@@ -39,7 +40,7 @@ def hosts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def airflow(standalone_cluster, hosts, mlflow_server, tmp_path_factory, request):
+def airflow(standalone_cluster, hosts, connect_local, mlflow_server, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-deployment")
     # a spark connection as the connection form invites: the scheme in Host, the port in its own field
     spark_default = {
@@ -52,6 +53,7 @@ def airflow(standalone_cluster, hosts, mlflow_server, tmp_path_factory, request)
     env = {
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
         "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_local.replace("sc://", "spark-connect://"),  # the URI form
         "MLFLOW_TRACKING_URI": mlflow_server,  # for the tasks with mlflow=True
     }
     if hosts is not None:  # the driver, in the task's process, listens on the bridge the hosts reach
@@ -122,6 +124,22 @@ def test_an_unreachable_master_fails_with_one_sentence(airflow, runs):
     text = log_text(records)
     assert "Nothing listens at the Spark master spark://127.0.0.1:" in text and "'spark_unreachable'" in text, text
     assert "\tat " not in text and "Py4J" not in text, text  # no JVM stack trace
+
+
+def test_a_task_on_a_spark_connect_connection_runs_its_ranks_over_the_server(airflow, connect_local):
+    run_id = airflow.trigger(CONNECT)
+    state = airflow.wait_for_run(CONNECT, run_id, timeout=240)
+    records = airflow.task_log(CONNECT, run_id, "allreduce")
+    assert state == "success", log_text(records)
+    assert airflow.xcom(CONNECT, run_id, "allreduce") == {"size": 2, "sum": 3.0}
+    events = event_lines(records)
+    server = connect_local.removeprefix("sc://")
+    ran_over = f"Running over Spark Connect at {server}: application local-"
+    assert any(line.startswith(ran_over) for line in events), log_text(records)
+    # the server's UI is off: no link, and the log says why
+    assert "has its UI off (spark.ui.enabled=false)" in log_text(records)
+    assert not airflow.extra_links(CONNECT, run_id, "allreduce")["Spark UI"]
+    assert "[rank 0] rank 0 of 2 sums 3.0" in events and "[rank 1] rank 1 of 2 sums 3.0" in events, log_text(records)
 
 
 def test_marking_a_running_training_task_failed_ends_its_ranks_and_spark_job(

@@ -1,0 +1,75 @@
+"""Real Airflow (dag.test() on SQLite) on a real Spark Connect server: a task whose connection is a
+``spark_connect`` one runs its ranks on the server, in a session of its own, released afterwards, and links the
+server's Spark UI. (The real deployment's task on ``connect_local``, whose UI is off: test_airflow_deployment.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from urllib.parse import urlparse
+
+import pytest
+from dag_runs import states, xcom
+from rank_lines import tagged_lines
+
+pytestmark = pytest.mark.usefixtures("airflow_db")
+
+
+@pytest.fixture(scope="module")
+def connect_with_ui(tmp_path_factory):
+    """A Spark Connect server on ``local[2]`` whose application has its UI on (``connect_local``'s is off)."""
+    from connect_server import ConnectServer
+
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-ui"), "local[2]", **{"spark.ui.enabled": "true"})
+    yield server.start().url
+    server.stop()
+
+
+@pytest.fixture
+def spark_connect_default(connect_with_ui, monkeypatch, caplog):
+    """``spark_connect_default`` on the server, as the connection form invites (scheme in Host, the port in its
+    own field); the provider's log lines captured."""
+    import logging
+
+    server = urlparse(connect_with_ui)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
+        json.dumps({"conn_type": "spark_connect", "host": f"sc://{server.hostname}", "port": server.port}),
+    )
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    return f"{server.hostname}:{server.port}"
+
+
+def test_an_operator_on_a_spark_connect_connection_runs_over_the_server(dags, spark_connect_default, caplog, capsys):
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    run = dags["hvd_on_spark_connect"].test()
+    task_log = capsys.readouterr().out
+    assert states(run) == {"allreduce": "success"}, task_log[-3000:]
+    assert xcom(run, "allreduce") == {"size": 2, "sum": 3.0}
+    assert set(tagged_lines(caplog.records)) == {"[rank 0] rank 0 of 2 sums 3.0", "[rank 1] rank 1 of 2 sums 3.0"}
+    assert (
+        f"Opening a session on the Spark Connect server sc://{spark_connect_default}, connection "
+        "'spark_connect_default' of type spark_connect" in task_log
+    )
+    ran_over = re.search(
+        rf"Running over Spark Connect at {spark_connect_default}: application (local-\d+), Spark UI (\S+)", task_log
+    )
+    assert ran_over, task_log[-3000:]
+    app_id, link = ran_over.groups()
+    # the server's own UI, which outlives the task: the port (from 4040 on) that lists the server's application
+    assert re.fullmatch(r"http://localhost:\d+/jobs/", link) and xcom(run, "allreduce", "_link_SparkUILink") == link
+    with urllib.request.urlopen(link.replace("/jobs/", "/api/v1/applications"), timeout=10) as resp:
+        assert [app["id"] for app in json.load(resp)] == [app_id]
+    assert ConnectSession.getActiveSession() is None and ConnectSession._default_session is None  # released
+
+
+def test_a_torch_distributed_decorator_on_a_spark_connect_connection_runs_over_the_server(
+    dags, spark_connect_default, capsys
+):
+    run = dags["torch_on_spark_connect"].test()
+    task_log = capsys.readouterr().out
+    assert states(run) == {"gather_ranks": "success"}, task_log[-3000:]
+    assert xcom(run, "gather_ranks") == [0, 1]
+    assert f"Running over Spark Connect at {spark_connect_default}: application local-" in task_log
