@@ -68,6 +68,7 @@ bench: setup
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/torch_launch.py
 	$(PY) benchmarks/result_memory.py
+	$(PY) benchmarks/connect_launch.py
 
 # docker/ built and run for real with Docker or podman (docs/docker.md); 20-40 minutes on 2 cores, so not in `test`
 docker-check:

@@ -77,6 +77,39 @@ def mlflow_server(tmp_path_factory) -> str:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def connect_local(tmp_path_factory):
+    """The ``sc://`` URL of a Spark Connect server on ``local[2]``, for the whole test session. Its application
+    has Spark encrypt its traffic (the driver channel of its runs is TLS then): a local master needs no more
+    for it. It takes messages of 32 MiB at most (a job too large for it is cheap to make). Make its sessions
+    with ``connect_server.connect_session``."""
+    from connect_server import ConnectServer
+
+    settings = {
+        "spark.network.crypto.enabled": "true",
+        "spark.authenticate": "true",
+        "spark.connect.grpc.maxInboundMessageSize": "32m",
+    }
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-local"), "local[2]", **settings).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_standalone(standalone_cluster, tmp_path_factory):
+    """The ``sc://`` URL of a Spark Connect server whose application runs on the standalone cluster's workers
+    (both their cores while the module runs), stopped at the end of the module to free them."""
+    from connect_server import ConnectServer
+
+    server = ConnectServer(
+        tmp_path_factory.mktemp("spark-connect-standalone"),
+        standalone_cluster.url,
+        **{**standalone_cluster.app_conf, "spark.cores.max": "2", "spark.executor.memory": "1g"},
+    ).start()
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
 def pid_dir(tmp_path) -> str:
     path = tmp_path / "pids"

@@ -20,7 +20,7 @@ from .driver.local_launch import LocalLauncher
 from .driver.mlflow_run import MlflowRun, MlflowSettings, import_mlflow, mlflow_settings, start_mlflow_run
 from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
-from .driver.spark_cluster import active_session
+from .driver.spark_cluster import active_session, session_conf
 from .driver.spark_launch import SparkLauncher
 from .driver.stalls import CodeFiles, check_stall_timeout
 from .errors import RunCancelledError
@@ -316,5 +316,5 @@ class HorovodRunner(_Runner):
             return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
         spark = active_session()
         launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
-        conf = spark.sparkContext.getConf().get
+        conf = session_conf(spark)
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

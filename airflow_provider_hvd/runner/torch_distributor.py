@@ -18,7 +18,7 @@ from .driver.local_launch import LocalLauncher
 from .driver.mlflow_run import MlflowSettings
 from .driver.progress import ProgressSink
 from .driver.slots import DEFAULT_SLOT_WAIT_S, TASK_GPUS
-from .driver.spark_cluster import active_session
+from .driver.spark_cluster import active_session, session_conf
 from .driver.spark_launch import SparkLauncher
 from .errors import LaunchError
 from .rank.script import run_script
@@ -118,7 +118,7 @@ class TorchDistributor(_Runner):
         if self.local_mode:
             return LocalLauncher(self._local_processes(), use_gpus=self.use_gpu), lambda key: None, False
         spark = active_session()
-        conf = spark.sparkContext.getConf().get
+        conf = session_conf(spark)
         per_task = self._processes_per_task(conf(TASK_GPUS)) if self.use_gpu else 1
         launcher = SparkLauncher(
             spark,

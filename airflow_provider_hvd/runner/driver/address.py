@@ -4,12 +4,14 @@ On a cluster the two may differ, as they do for Spark's own driver: the channel 
 ``spark.driver.bindAddress`` (when set) and the agents and ranks are told ``spark.driver.host``, e.g. a
 driver in a container whose ports are published on its host. Their ports are any free ones unless
 ``spark.horovodRunner.channelPort`` / ``spark.horovodRunner.rendezvousPort`` fix them (so that they can be
-published); a fixed port is this run's alone while it lasts.
+published); a fixed port is this run's alone while it lasts. Over Spark Connect the agents reach the client,
+not the server's driver: ``spark.horovodRunner.driverHost`` / ``driverBindAddress`` replace ``spark.driver.*``.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ CHANNEL_PORT_CONF = "spark.horovodRunner.channelPort"
 RENDEZVOUS_PORT_CONF = "spark.horovodRunner.rendezvousPort"
 BIND_ADDRESS_CONF = "spark.driver.bindAddress"
 HOST_CONF = "spark.driver.host"
+# over Spark Connect, spark.driver.* are the server's: these say what the agents are told, and where to listen
+CONNECT_HOST_CONF = "spark.horovodRunner.driverHost"
+CONNECT_BIND_CONF = "spark.horovodRunner.driverBindAddress"
 _MAX_PORT = 65535
 
 T = TypeVar("T")
@@ -100,18 +105,58 @@ def parse_port(conf: Callable[[str], str | None], setting: str) -> int:
     return port
 
 
-def spark_driver_address(conf: Callable[[str], str | None], local: bool) -> DriverAddress:
-    """The driver's address from the Spark conf (``conf(key)`` is the value or None).
-
-    On a local master the executors are on this host: the driver listens on loopback, whatever
-    ``spark.driver.host`` (Spark sets it to a network address of this host) and ``spark.driver.bindAddress``.
-    """
+def _ports(conf: Callable[[str], str | None]) -> tuple[int, int]:
     channel, rendezvous = parse_port(conf, CHANNEL_PORT_CONF), parse_port(conf, RENDEZVOUS_PORT_CONF)
     if channel and channel == rendezvous:
         raise LaunchError(
             f"{CHANNEL_PORT_CONF} and {RENDEZVOUS_PORT_CONF} are both {channel}: the driver channel and the Gloo "
             "rendezvous need a port each."
         )
+    return channel, rendezvous
+
+
+def route_address(host: str) -> str:
+    """This host's address on its route to ``host`` (no packet is sent: a UDP socket's connect picks the route)."""
+    try:
+        family, kind, proto, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.connect(target)
+            return str(sock.getsockname()[0])
+    except OSError as exc:
+        raise LaunchError(
+            f"HorovodRunner cannot tell this host's address on its route to the Spark Connect server {host} "
+            f"({exc}): set {CONNECT_HOST_CONF} to the address the server's executors reach this host at."
+        ) from exc
+
+
+def connect_driver_address(conf: Callable[[str], str | None], server_host: str, local: bool) -> DriverAddress:
+    """The driver's address over Spark Connect: the agents reach this process, the client, not the server's
+    driver.
+
+    ``spark.horovodRunner.driverHost`` (else this host's address on its route to the server) is what the agents
+    are told, ``spark.horovodRunner.driverBindAddress`` (else that address) where the driver listens. A server
+    reached over loopback runs on this host: its executors on a local master reach loopback, those of a cluster
+    the address its own driver gave them (``spark.driver.host``, an address of this host).
+    """
+    channel, rendezvous = _ports(conf)
+    host, bind = conf(CONNECT_HOST_CONF), conf(CONNECT_BIND_CONF)
+    if not host:
+        host = route_address(server_host)
+        if ipaddress.ip_address(host.split("%")[0]).is_loopback and not local:
+            host = conf(HOST_CONF) or socket.gethostname()
+        settings = f"{CONNECT_BIND_CONF}={bind}" if bind else f"this host's address on its route to {server_host}"
+    else:
+        settings = f"{CONNECT_BIND_CONF}={bind}" if bind else f"{CONNECT_HOST_CONF}={host}"
+    return DriverAddress(host, bind or host, channel, rendezvous, settings)
+
+
+def spark_driver_address(conf: Callable[[str], str | None], local: bool) -> DriverAddress:
+    """The driver's address from the Spark conf (``conf(key)`` is the value or None).
+
+    On a local master the executors are on this host: the driver listens on loopback, whatever
+    ``spark.driver.host`` (Spark sets it to a network address of this host) and ``spark.driver.bindAddress``.
+    """
+    channel, rendezvous = _ports(conf)
     if local:
         return DriverAddress(LOOPBACK, LOOPBACK, channel, rendezvous)
     host = conf(HOST_CONF) or socket.gethostname()

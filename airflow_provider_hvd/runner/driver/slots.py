@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError, RunCancelledError
-from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, master_state_or_why
+from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, master_state_or_why, state_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -117,7 +117,11 @@ def slots_at_most(sc: SparkContext) -> int | None:
 
 def check_barrier_allowed(sc: SparkContext, size: int) -> None:
     """Spark refuses barrier jobs under dynamic allocation: say so before anything starts."""
-    if (sc.getConf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+    _refuse_dynamic_allocation(sc.getConf().get, size)
+
+
+def _refuse_dynamic_allocation(conf: Callable[[str], str | None], size: int) -> None:
+    if (conf("spark.dynamicAllocation.enabled") or "false").lower() == "true":
         raise LaunchError(
             "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
             f"and spark.executor.instances so that the cluster holds {size} task slots."
@@ -202,6 +206,48 @@ def never_fits_error(
 
 def _never_fits(sc: SparkContext, size: int, total: int) -> LaunchError:
     return never_fits_error(sc.master or "", size, total, dict(sc.getConf().getAll()), master_state(sc))
+
+
+_CAPACITY_CONFS = (
+    "spark.task.cpus",
+    "spark.executor.memory",
+    "spark.cores.max",
+    "spark.executor.cores",
+    EXECUTOR_GPUS,
+    TASK_GPUS,
+)
+
+
+def local_slots(master: str, task_cpus: int) -> int | None:
+    """A local master's task slots (``local``: 1, ``local[4]``: 4); None for ``local[*]`` (another host's cores)."""
+    match = re.fullmatch(r"local(?:\[(\d+)(?:,\d+)?\])?", master)
+    if match is None:
+        return None
+    return int(match.group(1) or 1) // task_cpus
+
+
+def check_connect_slots(master: str, conf: Callable[[str], str | None], size: int, where: str) -> None:
+    """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
+    (a local master's cores, a standalone master's ``/json/``). The free slots cannot be counted without a
+    SparkContext: a busy application's barrier stage waits in Spark's scheduler, as long as the run's
+    ``start_timeout_s``."""
+    _refuse_dynamic_allocation(conf, size)
+    settings = {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
+    state, why = state_of(master, conf)
+    if is_local(master):
+        total = local_slots(master, int(settings.get("spark.task.cpus") or 1))
+    else:
+        total = None if state is None else standalone_capacity(state, settings)
+    if total is not None and total < size:
+        raise never_fits_error(master, size, total, settings, state)
+    log.info(
+        "HorovodRunner: %s: the free task slots cannot be counted over Spark Connect; the barrier job's %d tasks "
+        "start once Spark has %d free at once%s",
+        where,
+        size,
+        size,
+        f" (the cluster has {total} at most)" if total is not None else f" ({why})" if why else "",
+    )
 
 
 def wait_for_slots(

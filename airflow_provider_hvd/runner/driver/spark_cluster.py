@@ -13,9 +13,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-from ..errors import LaunchError
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -64,12 +63,43 @@ def default_executor_python(master: str) -> None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote("sc://...")``)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_conf(spark: Any) -> Callable[[str], str | None]:
+    """The conf getter of a session, classic (its SparkConf) or Spark Connect (``spark.conf``, which reads the
+    server's static settings too): ``conf(key)`` is the value or None."""
+    if not is_connect(spark):
+        return spark.sparkContext.getConf().get  # type: ignore[no-any-return]
+
+    def conf(key: str) -> str | None:
+        value = spark.conf.get(key, None)
+        return None if value is None else str(value)
+
+    return conf
+
+
+def _connect_session(default: bool) -> SparkSession | None:
+    """This thread's active Spark Connect session (``default``: else the process's default one), or None."""
+    if "pyspark.sql.connect.session" not in sys.modules:  # no Connect session without it (and it imports grpc)
+        return None
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.getActiveSession()
+    if session is None and default:
+        session = ConnectSession._get_default_session()  # made in another thread (pyspark has no public getter)
+    return session  # type: ignore[return-value]  # (a Connect session has the classic one's API)
+
+
 def active_session() -> SparkSession:
-    """The active SparkSession, or a new one on ``local[*]`` when there is none."""
+    """The active SparkSession (classic, or Spark Connect), or a new one on ``local[*]`` when there is none."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.getActiveSession()
+    # a Connect session made in this thread first; a Connect session left from before does not hide a classic one
+    spark = _connect_session(default=False) or SparkSession.getActiveSession() or _connect_session(default=True)
     if spark is None and SparkContext._active_spark_context is not None:
         spark = SparkSession.builder.getOrCreate()
     if spark is None:
@@ -82,11 +112,6 @@ def active_session() -> SparkSession:
                 "false",  # a progress bar is noise in a task log
             )
             .getOrCreate()
-        )
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise LaunchError(
-            "HorovodRunner(np>0) needs a classic SparkSession (a barrier job on a SparkContext); the active "
-            "session is a Spark Connect one (sc://). Use a spark://, yarn, k8s:// or local master, or np<0."
         )
     return spark
 
@@ -112,10 +137,15 @@ def standalone_masters(master: str) -> list[tuple[str, int]]:
 
 def master_web_ui(sc: SparkContext) -> str | None:
     """The standalone master's web UI URL (``spark.horovodRunner.masterWebUiUrl``, else port 8080 of the master)."""
-    configured = sc.getConf().get(MASTER_WEB_UI_CONF)
+    return web_ui_of(sc.master or "", sc.getConf().get)
+
+
+def web_ui_of(master: str, conf: Callable[[str], str | None]) -> str | None:
+    """:func:`master_web_ui` of an application known by its master URL and conf getter (a Connect session's)."""
+    configured = conf(MASTER_WEB_UI_CONF)
     if configured:
         return configured.rstrip("/")
-    masters = standalone_masters(sc.master or "")
+    masters = standalone_masters(master)
     return f"http://{masters[0][0]}:{MASTER_WEB_UI_PORT}" if masters else None
 
 
@@ -144,10 +174,15 @@ def master_state_or_why(sc: SparkContext, timeout: float = 5.0) -> tuple[dict[st
 
     A state fetched less than :data:`MASTER_STATE_REUSE_S` ago is reused: one run asks for it several times.
     """
-    ui = master_web_ui(sc)
+    return state_of(sc.master or "", sc.getConf().get, timeout)
+
+
+def state_of(master: str, conf: Callable[[str], str | None], timeout: float = 5.0) -> tuple[dict[str, Any] | None, str]:
+    """:func:`master_state_or_why` of an application known by its master URL and conf getter."""
+    ui = web_ui_of(master, conf)
     if ui is None:
         return None, ""
-    key = (sc.master or "", ui)
+    key = (master, ui)
     with _fetched_lock:
         at, state, why = _fetched.get(key, (-math.inf, None, ""))
         if time.monotonic() - at >= MASTER_STATE_REUSE_S:

@@ -3,8 +3,9 @@
 torch.distributed's runs with ``spark.task.resource.gpu.amount = k`` run ``k`` agents (ranks) in each task, one
 of its GPUs each (as PySpark's ``TorchDistributor`` runs ``torchrun --nproc-per-node k`` in each task).
 
-The pickled job travels as a Spark broadcast: the driver hands it to Spark once, each executor fetches it
-once (from the driver or from other executors) and the ranks on that executor read that local copy.
+On a classic session the pickled job travels as a Spark broadcast: the driver hands it to Spark once, each
+executor fetches it once (from the driver or from other executors) and the ranks on that executor read that
+local copy. What differs over Spark Connect is in :mod:`.connect_job`, behind :mod:`.spark_app`'s seam.
 """
 
 from __future__ import annotations
@@ -22,29 +23,18 @@ from typing import TYPE_CHECKING, Any
 from ..agent.agent import AgentArgs, run_agent
 from ..shared.gpus import GPU
 from ..shared.messages import Hello
-from .address import spark_driver_address
 from .outcome import LaunchFailed
-from .slots import DEFAULT_SLOT_WAIT_S, wait_for_slots
-from .spark_cluster import is_local, summary
-from .spark_status import BarrierJobStatus
+from .slots import DEFAULT_SLOT_WAIT_S
+from .spark_app import BarrierTask, spark_app
+from .spark_cluster import summary
 
 if TYPE_CHECKING:
-    from pyspark import Broadcast
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _TASK_FAILURE_POLL_S = 1.0
 _TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
-
-
-def read_broadcast(payload: Broadcast[bytes]) -> bytes:
-    """The job from this executor's copy of the broadcast, not cached in this Python worker afterwards."""
-    job = payload.value
-    # pyspark caches the value in the Python worker, which Spark reuses for later tasks: no copy of the job
-    # should stay there while the rank trains, nor after the run
-    vars(payload).pop("_value", None)
-    return job
 
 
 def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
@@ -65,8 +55,8 @@ def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
 
 
 def _barrier_task(
-    args: AgentArgs, payload: Broadcast[bytes], per_task: int = 1, use_gpus: bool = True
-) -> Callable[[Iterator[Any]], Iterator[str]]:
+    args: AgentArgs, read_job: Callable[[], bytes], per_task: int = 1, use_gpus: bool = True
+) -> BarrierTask:
     def task(_: Iterator[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
 
@@ -82,9 +72,9 @@ def _barrier_task(
         )
         hellos = _task_agents(hello, per_task, use_gpus)
         if len(hellos) == 1:
-            yield json.dumps(run_agent(args, lambda: read_broadcast(payload), hellos[0]))
+            yield json.dumps(run_agent(args, read_job, hellos[0]))
             return
-        job = [read_broadcast(payload)]  # one copy for the task's agents, dropped once their ranks have ended
+        job = [read_job()]  # one copy for the task's agents, dropped once their ranks have ended
         ended: list[str] = [""] * len(hellos)
 
         def agent(index: int) -> None:
@@ -116,47 +106,45 @@ class SparkLauncher:
         per_task: int = 1,
         use_gpus: bool = True,
     ) -> None:
-        self.sc = spark.sparkContext
+        self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
+        self.app = spark_app(spark, self.group)
         self.size = size  # ranks: agents
         self.per_task = per_task  # ranks (agents) in each task
         self.tasks = size // per_task
         self.use_gpus = use_gpus  # False: the ranks are given none of their tasks' GPUs (CUDA settings left alone)
         self.slot_wait_timeout = slot_wait_timeout
         self.cancelled = cancelled
-        self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
-        self.local = is_local(self.sc.master or "")
-        self.driver = spark_driver_address(self.sc.getConf().get, self.local)  # a bad port setting fails here
+        self.local = self.app.local
+        self.driver = self.app.driver_address()  # a bad port setting fails here
         self._thread: threading.Thread | None = None
-        self._payload: Broadcast[bytes] | None = None
         self._failure: BaseException | None = None
         self._task_failure: LaunchFailed | None = None
         self._next_poll = 0.0
-        self._status = BarrierJobStatus(self.sc, self.group)
+        self._status = self.app.status
         self._poll_error_logged = False
         self._stop_reason: str | None = None
 
     def describe(self) -> str:
         if self.per_task == 1:
-            return f"a Spark barrier job of {self.size} tasks on {self.sc.master}"
-        return f"a Spark barrier job of {self.tasks} tasks of {self.per_task} ranks each on {self.sc.master}"
+            return f"a Spark barrier job of {self.size} tasks {self.app.where()}"
+        return f"a Spark barrier job of {self.tasks} tasks of {self.per_task} ranks each {self.app.where()}"
 
     def memory_settings(self) -> dict[str, str]:
         """The application's memory settings that bound a rank's memory, for a killed rank's evidence (.kills)."""
-        conf = self.sc.getConf()
+        conf = self.app.conf
         if self.local:  # the executors are threads of the driver's JVM; the ranks run beside it
-            return {"spark.driver.memory": conf.get("spark.driver.memory", "1g (default)")}
-        factor = conf.get("spark.executor.memoryOverheadFactor", "0.10")
+            return {"spark.driver.memory": conf("spark.driver.memory") or "1g (default)"}
+        factor = conf("spark.executor.memoryOverheadFactor") or "0.10"
         return {
-            "spark.executor.memory": conf.get("spark.executor.memory", "1g (default)"),
-            "spark.executor.memoryOverhead": conf.get(
-                "spark.executor.memoryOverhead", f"not set (max(384m, {factor} x spark.executor.memory))"
-            ),
-            "spark.executor.pyspark.memory": conf.get("spark.executor.pyspark.memory", "not set"),
+            "spark.executor.memory": conf("spark.executor.memory") or "1g (default)",
+            "spark.executor.memoryOverhead": conf("spark.executor.memoryOverhead")
+            or f"not set (max(384m, {factor} x spark.executor.memory))",
+            "spark.executor.pyspark.memory": conf("spark.executor.pyspark.memory") or "not set",
         }
 
     def check_slots(self) -> None:
         """Wait (bounded) until the application has ``size`` task slots; refuse a job that can never fit."""
-        wait_for_slots(self.sc, self.tasks, self.slot_wait_timeout, self.cancelled)
+        self.app.check_slots(self.tasks, self.slot_wait_timeout, self.cancelled)
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(
@@ -165,21 +153,18 @@ class SparkLauncher:
             secret,
             relay_output=verbosity == "all",
             echo_output=True,
-            echo_relayed=not self.local,  # local executors' stderr is the driver's own: relayed lines would show twice
-            keep_omp_threads=self.sc.getConf().get("spark.executorEnv.OMP_NUM_THREADS") is not None,
+            echo_relayed=not self.app.shares_stderr,  # local executors' stderr is ours: relayed lines would show twice
+            keep_omp_threads=self.app.conf("spark.executorEnv.OMP_NUM_THREADS") is not None,
         )
 
-    def _run_job(self, task: Callable[[Iterator[Any]], Iterator[str]]) -> None:
+    def _run_job(self, task: BarrierTask) -> None:
         try:
-            self.sc.setJobGroup(self.group, f"HorovodRunner: {self.size} ranks", interruptOnCancel=True)
-            rdd = self.sc.parallelize(range(self.tasks), self.tasks)
-            rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
+            self.app.run_barrier(self.tasks, task, self.group, f"HorovodRunner: {self.size} ranks")
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = exc
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
-        self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept
-        task = _barrier_task(args, self._payload, self.per_task, self.use_gpus)
+        task = _barrier_task(args, self.app.ship(payload), self.per_task, self.use_gpus)
         self._thread = threading.Thread(target=self._run_job, args=(task,), name="hvd-spark-job", daemon=True)
         self._thread.start()
 
@@ -203,17 +188,8 @@ class SparkLauncher:
         return self._task_failure
 
     def _stopped(self) -> str | None:
-        """Why the run cannot go on when the SparkContext has stopped; None while it runs."""
-        try:
-            stopped = self.sc._jsc is None or self.sc._jsc.sc().isStopped()
-        except Exception:  # noqa: BLE001 - its JVM is gone too
-            stopped = True
-        if not stopped:
-            return None
-        return (
-            f"the SparkContext on {self.sc.master} stopped while the ranks ran (stopped by the application, "
-            "or the cluster manager ended the application: see Spark's log above)"
-        )
+        """Why the run cannot go on when the application has stopped; None while it runs."""
+        return self.app.stopped()
 
     def _poll(self) -> str | None:
         """Poll Spark's status store; the reason the run cannot go on when the SparkContext has stopped."""
@@ -252,11 +228,6 @@ class SparkLauncher:
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
         if self._thread.is_alive():
-            self.sc.cancelJobGroup(self.group)  # (Spark's reason for the kills names the group: not a cause)
+            self.app.cancel(self.group)
         self._thread.join(timeout=60)
-        if self._payload is not None:
-            try:
-                self._payload.destroy()  # the driver's and the executors' copies
-            except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
-                pass
-            self._payload = None
+        self.app.unship()

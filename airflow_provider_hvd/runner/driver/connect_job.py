@@ -1,0 +1,148 @@
+"""The barrier job over Spark Connect (``sc://``): the :class:`.spark_app.SparkApp` of a Connect session.
+
+The client has no SparkContext: the conf is the session's (``spark.conf``, which reads the server's static
+settings too), the barrier job is ``spark.range(n).mapInArrow(..., barrier=True)`` under an operation tag
+(``spark.addTag``, thread-local) that ``spark.interruptTag`` cancels, and the job travels inside the task's
+function: Spark ships a stage's task binary once per executor, and the plan that carries it is one gRPC message
+from this client to the server, at most ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB by default).
+There is no status tracker: the job's own error and the driver channel (heartbeats, agents' reports) tell how
+the tasks end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LaunchError
+from .address import DriverAddress, connect_driver_address
+from .slots import check_connect_slots
+from .spark_app import BarrierTask, JobStatus
+from .spark_cluster import is_local, session_conf
+from .spark_status import Task
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession
+
+MESSAGE_SIZE_CONF = "spark.connect.grpc.maxInboundMessageSize"
+DEFAULT_MESSAGE_BYTES = 128 * 1024 * 1024  # the server's default, and the Python client's own send limit
+PLAN_MARGIN_BYTES = 1024 * 1024  # the plan and the task's function around the job, with room to spare
+_SCHEMA = "ended string"
+
+
+class NoStatus:
+    """Spark Connect has no status tracker: Spark says nothing of the tasks but the job's own end."""
+
+    failed: dict[Task, str] = {}  # noqa: RUF012 - read only, never filled
+
+    def poll(self) -> None:
+        pass
+
+    def first_failure(self) -> str | None:
+        return None
+
+    def reason(self, task: Task) -> str | None:
+        return None
+
+    def tasks_active(self) -> bool:
+        return False
+
+
+class ShippedJob:
+    """The pickled job inside the task's function; the task reads it once, and then holds no copy of it."""
+
+    def __init__(self, job: bytes) -> None:
+        self._job = [job]
+
+    def __call__(self) -> bytes:
+        return self._job.pop()
+
+
+def _arrow_task(task: BarrierTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """``task`` as ``mapInArrow`` runs it: its lines as one-column record batches."""
+
+    def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for ended in task(iter(())):  # (the partition's range rows go unread)
+            yield pa.RecordBatch.from_pydict({"ended": [ended]})
+
+    return arrow_task
+
+
+def server_url(spark: SparkSession) -> str:
+    """``sc://host:port`` of the session's server (without its token or other parameters)."""
+    return f"sc://{getattr(spark.client._builder, 'endpoint', spark.client.host)}"
+
+
+def message_limit(conf: Callable[[str], str | None]) -> int:
+    """The most bytes one message from this client may carry to the server."""
+    value = (conf(MESSAGE_SIZE_CONF) or "").strip().lower().removesuffix("b")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(value[-1:], 1)
+    try:
+        server = int(value.rstrip("kmg")) * scale
+    except ValueError:
+        server = DEFAULT_MESSAGE_BYTES
+    return min(server, DEFAULT_MESSAGE_BYTES)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def job_too_large(size: int, limit: int, url: str) -> LaunchError:
+    return LaunchError(
+        f"The pickled job is {_mib(size)}: over Spark Connect it travels inside the barrier job's plan, one "
+        f"message to the server at {url}, and a message may carry at most {_mib(limit)} ({MESSAGE_SIZE_CONF} on "
+        f"the server, and the Python client's own limit of {_mib(DEFAULT_MESSAGE_BYTES)}), {_mib(PLAN_MARGIN_BYTES)} "
+        "of it kept for the plan. Make the job smaller: have main load its data and model from storage instead "
+        "of capturing them, or pass a path; or run it on a classic SparkSession (a broadcast has no such limit)."
+    )
+
+
+class ConnectApp:
+    """A Spark Connect session's application, as :class:`.spark_launch.SparkLauncher` uses it."""
+
+    def __init__(self, spark: SparkSession, tag: str) -> None:
+        self.spark = spark
+        self.url = server_url(spark)
+        self.conf = session_conf(spark)
+        self.master = self.conf("spark.master") or ""
+        self.local = is_local(self.master)  # the server's executors are threads of its JVM
+        self.shares_stderr = False  # the executors' stderr is the server's, never this process's
+        self.status: JobStatus = NoStatus()
+        self._tag = tag  # (the launcher's group: its operations are tagged with it)
+
+    def where(self) -> str:
+        return f"over Spark Connect {self.url} ({self.master})"
+
+    def driver_address(self) -> DriverAddress:
+        return connect_driver_address(self.conf, self.spark.client.host, self.local)
+
+    def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
+        check_connect_slots(self.master, self.conf, tasks, self.where())
+
+    def ship(self, payload: bytes) -> Callable[[], bytes]:
+        limit = message_limit(self.conf)
+        if len(payload) + PLAN_MARGIN_BYTES > limit:
+            raise job_too_large(len(payload), limit, self.url)
+        return ShippedJob(payload)
+
+    def run_barrier(self, tasks: int, task: BarrierTask, tag: str, description: str) -> None:
+        frame = self.spark.range(tasks, numPartitions=tasks).mapInArrow(_arrow_task(task), _SCHEMA, barrier=True)
+        self.spark.addTag(tag)  # this thread's operations only
+        try:
+            frame.collect()
+        finally:
+            self.spark.removeTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.spark.interruptTag(tag)
+
+    def unship(self) -> None:
+        pass  # the plan went with its operation; the server's task binary goes with its JVM's next clean-up
+
+    def stopped(self) -> str | None:
+        if not self.spark.is_stopped:
+            return None
+        return f"the Spark Connect session to {self.url} was stopped while the ranks ran (by the application)"

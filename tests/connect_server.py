@@ -1,0 +1,119 @@
+"""A real Spark Connect server, started from pyspark's own sbin/start-connect-server.sh in the foreground."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyspark
+from jvm import daemon_env
+from spark_cluster import LOOPBACK, free_port
+
+
+class ConnectServer:
+    """A Connect server on ``master`` (its driver is the server's JVM), listening on a free loopback port.
+
+    ``conf``: the server application's Spark settings (``--conf``). Its logs and pid file stay in ``workdir``.
+    """
+
+    def __init__(self, workdir: Path, master: str = "local[2]", **conf: str) -> None:
+        self.workdir = workdir
+        self.spark_home = Path(pyspark.__file__).parent
+        self.port = free_port()
+        self.url = f"sc://{LOOPBACK}:{self.port}"
+        self.master = master
+        self.conf = {"spark.ui.enabled": "false", "spark.connect.grpc.binding.address": LOOPBACK, **conf}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "connect-server.log"
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection((LOOPBACK, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 300.0) -> ConnectServer:
+        args = ["--master", self.master, "--conf", f"spark.connect.grpc.binding.port={self.port}"]
+        for key, value in self.conf.items():
+            args += ["--conf", f"{key}={value}"]
+        env = {
+            **os.environ,
+            **daemon_env(),
+            "SPARK_HOME": str(self.spark_home),
+            "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_LOG_DIR": str(self.workdir),
+            "SPARK_PID_DIR": str(self.workdir),
+            "SPARK_LOCAL_IP": LOOPBACK,
+            "PYSPARK_PYTHON": sys.executable,  # the server's executors run this interpreter
+        }
+        log = open(self.log_file, "wb")  # noqa: SIM115 - the server's output for its lifetime
+        self._proc = subprocess.Popen(
+            [str(self.spark_home / "sbin" / "start-connect-server.sh"), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if time.monotonic() > deadline or self._proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"the Spark Connect server did not come up; see {self.log_file}")
+            time.sleep(0.5)
+        return self
+
+    def stop(self) -> None:
+        """End the server's process group (the scripts and the JVM) and wait for the JVM to exit."""
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        deadline = time.monotonic() + 30
+        while _group_alive(self._proc.pid) and time.monotonic() < deadline:  # the JVM may outlive its script
+            time.sleep(0.2)
+        self._proc = None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def connect_session(url: str) -> Iterator[Any]:
+    """A Spark Connect session to ``url``, stopped afterwards.
+
+    Made with the Connect module's own builder: ``pyspark.sql.SparkSession.builder.remote(url)`` would also set
+    ``SPARK_CONNECT_MODE_ENABLED`` in this process's environment, and every classic session made after it in
+    the test process would be a Connect one.
+    """
+    from pyspark.sql.connect.session import SparkSession
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    try:
+        yield spark
+    finally:
+        spark.stop()

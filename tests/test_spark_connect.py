@@ -1,0 +1,152 @@
+"""Both runners on an active Spark Connect session (``sc://``): real Connect servers from pyspark's scripts, on
+local[2] (whose application encrypts its traffic: the driver channel is TLS) and on the standalone cluster."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import psutil
+import pytest
+import torch_jobs
+from connect_server import connect_session
+from jobs import allreduce_sum, assert_all_gone, cancel_once_running, fail_on_rank, train_linear
+from test_torch_distributor import check_torchrun_contract
+
+from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
+from airflow_provider_hvd.runner.driver.address import (
+    CHANNEL_PORT_CONF,
+    CONNECT_BIND_CONF,
+    CONNECT_HOST_CONF,
+    connect_driver_address,
+)
+from airflow_provider_hvd.runner.driver.connect_job import MESSAGE_SIZE_CONF, message_limit
+from airflow_provider_hvd.runner.driver.spark_cluster import active_session, is_connect
+
+
+@pytest.fixture
+def connect_spark(connect_local):
+    """A session of its own for each test: a Connect builder's getOrCreate() would return one made before it,
+    whatever its URL."""
+    with connect_session(connect_local) as spark:
+        yield spark
+
+
+@pytest.fixture
+def runner_log(caplog):
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    return caplog
+
+
+def messages(caplog) -> str:
+    return "\n".join(record.getMessage() for record in caplog.records)
+
+
+def takes_a_blob(blob: bytes) -> int:
+    return len(blob)
+
+
+def barrier_job_runs(spark, tasks: int = 2) -> bool:
+    """A barrier job of ``tasks`` tasks runs on the server: its executors' slots are all free."""
+
+    def task(batches):
+        import pyarrow as pa
+
+        yield pa.RecordBatch.from_pydict({"ok": [True]})
+
+    return len(spark.range(tasks, numPartitions=tasks).mapInArrow(task, "ok boolean", barrier=True).collect()) == tasks
+
+
+def our_processes() -> list[psutil.Process]:
+    """This runner's processes on this host beside this test process: agents' reapers and rank processes."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "airflow_provider_hvd.runner.reaper" in cmdline or "airflow_provider_hvd.runner.rank" in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_horovod_runner_returns_rank_0s_allreduce_over_a_tls_channel(connect_spark, runner_log):
+    assert is_connect(connect_spark) and active_session() is connect_spark
+    result = HorovodRunner(np=2).run(allreduce_sum)
+    assert result == {"rank": 0, "size": 2, "local_size": 2, "sum": 3.0}
+    said = messages(runner_log)
+    assert re.search(r"a Spark barrier job of 2 tasks over Spark Connect sc://127\.0\.0\.1:\d+ \(local\[2\]\)", said)
+    assert "driver channel on 127.0.0.1:" in said  # the server is on this host: its executors reach loopback
+    assert re.search(r"TLS 1\.3 \(this run's certificate, SHA-256 \w+", said)  # the server's app encrypts
+    assert "spark.network.crypto.enabled=true: Spark's traffic is encrypted" in said
+
+
+def test_a_failing_rank_is_named_and_its_lines_relayed(connect_spark, runner_log, pid_dir):
+    with pytest.raises(RankFailedError) as caught:
+        HorovodRunner(np=2, driver_log_verbosity="all").run(fail_on_rank, bad_rank=1, pid_dir=pid_dir)
+    error = caught.value
+    assert error.rank == 1
+    assert str(error).splitlines()[0] == "Horovod rank 1 of 2 failed: ValueError: boom from rank 1"
+    assert "[rank 1] rank 1 is about to fail" in messages(runner_log)  # relayed from the server's executor
+    assert not our_processes()
+    assert barrier_job_runs(connect_spark)
+
+
+def test_a_cancel_interrupts_the_connect_operation_and_leaves_nothing_running(connect_spark, pid_dir):
+    error, pids, _ = cancel_once_running(HorovodRunner(np=2), pid_dir)
+    assert isinstance(error, RunCancelledError), error
+    assert_all_gone(pids, within=10)
+    assert not our_processes()  # no reaper or rank on the server's executors
+    started = time.monotonic()
+    assert barrier_job_runs(connect_spark)  # both task slots free: no Python worker busy with our tasks
+    assert time.monotonic() - started < 60
+
+
+def test_torch_distributor_all_reduces_over_connect(connect_spark):
+    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 3)
+    check_torchrun_contract(result["views"], nodes=2)  # one process per task, each task a node
+    assert len(result["weights"]) == 4
+
+
+def test_jobs_that_cannot_run_are_refused_at_once(connect_spark):
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* at local\[2\] has 2 at most"):
+        HorovodRunner(np=3).run(allreduce_sum)
+    blob = b"x" * (33 << 20)  # the server takes messages of 32 MiB at most (tests/conftest.py)
+    with pytest.raises(LaunchError) as caught:
+        HorovodRunner(np=2).run(takes_a_blob, blob=blob)
+    text = str(caught.value)
+    assert "The pickled job is 33.0 MiB" in text and "at most 32.0 MiB" in text, text
+    assert "spark.connect.grpc.maxInboundMessageSize" in text and "Make the job smaller" in text
+    assert time.monotonic() - started < 30  # nothing was submitted
+
+
+def test_ranks_run_on_the_standalone_workers(connect_standalone, runner_log):
+    with connect_session(connect_standalone) as spark:
+        assert active_session() is spark
+        with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* has 2 at most"):
+            HorovodRunner(np=3).run(allreduce_sum)
+        result = HorovodRunner(np=2).run(train_linear, steps=5)
+        assert barrier_job_runs(spark)
+    # each rank in its executor's directory on its worker (in the Connect session's own folder there)
+    assert {re.search(r"/(worker-\d)/app-", cwd)[1] for cwd in result["cwds"]} == {"worker-0", "worker-1"}
+    said = messages(runner_log)
+    assert re.search(r"over Spark Connect sc://127\.0\.0\.1:\d+ \(spark://127\.0\.0\.1:\d+\)", said)
+    assert "TLS 1.3" not in said  # this application does not encrypt: neither does the channel
+
+
+def test_the_agents_are_told_this_hosts_address_or_the_one_set():
+    conf = {"spark.driver.host": "10.1.2.3"}  # what a session reports: the server's driver's
+    driver = connect_driver_address(conf.get, "127.0.0.1", local=True)  # executors of the server, on this host
+    assert (driver.advertised, driver.bind) == ("127.0.0.1", "127.0.0.1")
+    # a server on this host (loopback) whose executors are a cluster's: they are told the server driver's host
+    assert connect_driver_address(conf.get, "127.0.0.1", local=False).advertised == "10.1.2.3"
+    settings = {CONNECT_HOST_CONF: "gateway.example", CONNECT_BIND_CONF: "0.0.0.0", CHANNEL_PORT_CONF: "7100"}
+    driver = connect_driver_address(settings.get, "spark-connect.example", local=False)
+    assert (driver.advertised, driver.bind, driver.channel_port) == ("gateway.example", "0.0.0.0", 7100)
+    with pytest.raises(LaunchError, match=f"cannot tell this host's address .* set {CONNECT_HOST_CONF}"):
+        connect_driver_address({}.get, "no-such-host.invalid", local=False)
+
+
+def test_the_message_limit_is_the_servers_within_the_clients():
+    assert message_limit({MESSAGE_SIZE_CONF: "32m"}.get) == 32 << 20
+    assert message_limit({MESSAGE_SIZE_CONF: "1048576"}.get) == 1 << 20
+    assert message_limit({}.get) == message_limit({MESSAGE_SIZE_CONF: "1g"}.get) == 128 << 20  # the client's own
