@@ -22,8 +22,15 @@ def connect_with_ui(tmp_path_factory):
     from connect_server import ConnectServer
 
     server = ConnectServer(tmp_path_factory.mktemp("spark-connect-ui"), "local[2]", **{"spark.ui.enabled": "true"})
-    yield server.start().url
+    yield server.start()
     server.stop()
+
+
+def sessions(server) -> tuple[set[str], set[str]]:
+    """The ids of the sessions the server's log says were used, and of those it closed."""
+    text = server.log_file.read_text(errors="replace")
+    used = set(re.findall(r"Session with userId: \S* and sessionId: ([\w-]+) accessed", text))
+    return used, set(re.findall(r"Closing session with userId: \S* and sessionId: ([\w-]+)", text))
 
 
 @pytest.fixture
@@ -32,7 +39,7 @@ def spark_connect_default(connect_with_ui, monkeypatch, caplog):
     own field); the provider's log lines captured."""
     import logging
 
-    server = urlparse(connect_with_ui)
+    server = urlparse(connect_with_ui.url)
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
         json.dumps({"conn_type": "spark_connect", "host": f"sc://{server.hostname}", "port": server.port}),
@@ -41,7 +48,9 @@ def spark_connect_default(connect_with_ui, monkeypatch, caplog):
     return f"{server.hostname}:{server.port}"
 
 
-def test_an_operator_on_a_spark_connect_connection_runs_over_the_server(dags, spark_connect_default, caplog, capsys):
+def test_an_operator_on_a_spark_connect_connection_runs_over_the_server(
+    dags, connect_with_ui, spark_connect_default, caplog, capsys
+):
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     run = dags["hvd_on_spark_connect"].test()
@@ -62,7 +71,9 @@ def test_an_operator_on_a_spark_connect_connection_runs_over_the_server(dags, sp
     assert re.fullmatch(r"http://localhost:\d+/jobs/", link) and xcom(run, "allreduce", "_link_SparkUILink") == link
     with urllib.request.urlopen(link.replace("/jobs/", "/api/v1/applications"), timeout=10) as resp:
         assert [app["id"] for app in json.load(resp)] == [app_id]
-    assert ConnectSession.getActiveSession() is None and ConnectSession._default_session is None  # released
+    assert ConnectSession.getActiveSession() is None and ConnectSession._default_session is None
+    used, closed = sessions(connect_with_ui)  # the server closed the task's session (spark.stop() released it)
+    assert len(used) == 1 and closed == used, (used, closed)
 
 
 def test_a_torch_distributed_decorator_on_a_spark_connect_connection_runs_over_the_server(
