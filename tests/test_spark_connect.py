@@ -133,6 +133,17 @@ def test_ranks_run_on_the_standalone_workers(connect_standalone, runner_log):
     assert "TLS 1.3" not in said  # this application does not encrypt: neither does the channel
 
 
+def test_the_spark_ui_link_of_a_server_on_a_standalone_master_is_its_application_page(
+    connect_standalone, standalone_cluster
+):
+    from airflow_provider_hvd.hooks.spark_ui import connect_ui_url
+
+    with connect_session(connect_standalone) as spark:
+        app_id = spark.conf.get("spark.app.id")
+        link, why_none = connect_ui_url(spark)
+    assert link == f"{standalone_cluster.web_ui}/app/?appId={app_id}", why_none
+
+
 def test_the_agents_are_told_this_hosts_address_or_the_one_set():
     conf = {"spark.driver.host": "10.1.2.3"}  # what a session reports: the server's driver's
     driver = connect_driver_address(conf.get, "127.0.0.1", local=True)  # executors of the server, on this host

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_hvd.runner.driver.spark_cluster import master_state, master_web_ui
+from airflow_provider_hvd.runner.driver.spark_cluster import master_state, master_web_ui, state_of, web_ui_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -81,9 +81,10 @@ def _serves_application(ui: str, app_id: str) -> bool | None:
 def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> tuple[str | None, str]:
     """The page of a Spark Connect server's application, and why there is none when it is None.
 
-    As :func:`lasting_ui_url` for the server's application (a History Server, YARN's proxy), else the server's
-    own UI: from ``spark.driver.host`` and ``spark.ui.port`` on, the port whose ``/api/v1/applications`` lists
-    the application (another application's UI may hold a port; the first port where nothing answers ends it).
+    As :func:`lasting_ui_url` for the server's application (a History Server, YARN's proxy, the standalone
+    master's application page), else the server's own UI: from ``spark.driver.host`` and ``spark.ui.port`` on,
+    the port whose ``/api/v1/applications`` lists the application (another application's UI may hold a port; the
+    first port where nothing answers ends it).
     """
 
     def conf(key: str) -> str | None:
@@ -94,8 +95,10 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
     if not app_id:
         return None, "the Spark Connect server does not say its application's id (spark.app.id)"
     keys = (HISTORY_SERVER_CONF, YARN_PROXY_CONF)
+    master = conf("spark.master") or ""
+    master_ui = web_ui_of(master, conf) if master.startswith("spark://") and state_of(master, conf)[0] else None
     lasting = lasting_ui_url(
-        conf("spark.master") or "", app_id, {k: v for k in keys if (v := conf(k))}, history_server=history_server
+        master, app_id, {k: v for k in keys if (v := conf(k))}, history_server=history_server, master_ui=master_ui
     )
     if lasting:
         return lasting, ""
