@@ -21,7 +21,7 @@ from airflow_provider_hvd.runner.driver.address import (
     CONNECT_HOST_CONF,
     connect_driver_address,
 )
-from airflow_provider_hvd.runner.driver.connect_job import MESSAGE_SIZE_CONF, message_limit
+from airflow_provider_hvd.runner.driver.connect_job import MESSAGE_SIZE_CONF, job_limit, message_limit
 from airflow_provider_hvd.runner.driver.spark_cluster import active_session, is_connect
 
 
@@ -114,8 +114,8 @@ def test_jobs_that_cannot_run_are_refused_at_once(connect_spark):
     with pytest.raises(LaunchError) as caught:
         HorovodRunner(np=2).run(takes_a_blob, blob=blob)
     text = str(caught.value)
-    assert "The pickled job is 33.0 MiB" in text and "at most 32.0 MiB" in text, text
-    assert "spark.connect.grpc.maxInboundMessageSize" in text and "Make the job smaller" in text
+    assert "The pickled job is 33.0 MiB" in text and "a job of at most 31.0 MiB" in text, text
+    assert "(spark.connect.grpc.maxInboundMessageSize on the server" in text and "Make the job smaller" in text
     assert time.monotonic() - started < 30  # nothing was submitted
 
 
@@ -157,7 +157,11 @@ def test_the_agents_are_told_this_hosts_address_or_the_one_set():
         connect_driver_address({}.get, "no-such-host.invalid", local=False)
 
 
-def test_the_message_limit_is_the_servers_within_the_clients():
+def test_the_job_limit_is_the_servers_message_limit_or_a_share_of_its_heap():
     assert message_limit({MESSAGE_SIZE_CONF: "32m"}.get) == 32 << 20
     assert message_limit({MESSAGE_SIZE_CONF: "1048576"}.get) == 1 << 20
     assert message_limit({}.get) == message_limit({MESSAGE_SIZE_CONF: "1g"}.get) == 128 << 20  # the client's own
+    # a 64 MiB job ended a 1 GiB server's SparkContext (OutOfMemoryError), 48 MiB ran: 1/32 of the heap
+    assert job_limit({}.get) == (32 << 20, "1/32 of the server's driver heap, spark.driver.memory=1g")
+    limit, bound_by = job_limit({"spark.driver.memory": "8g"}.get)
+    assert limit == 127 << 20 and bound_by.startswith(MESSAGE_SIZE_CONF)

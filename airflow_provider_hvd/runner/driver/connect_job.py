@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError
 from .address import DriverAddress, connect_driver_address
-from .slots import check_connect_slots
+from .slots import check_connect_slots, jvm_mebibytes
 from .spark_app import BarrierTask, JobStatus
 from .spark_cluster import is_local, session_conf
 from .spark_status import Task
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 MESSAGE_SIZE_CONF = "spark.connect.grpc.maxInboundMessageSize"
 DEFAULT_MESSAGE_BYTES = 128 * 1024 * 1024  # the server's default, and the Python client's own send limit
 PLAN_MARGIN_BYTES = 1024 * 1024  # the plan and the task's function around the job, with room to spare
+# The server's driver holds several copies of a plan while it plans and ships it (the request, the expression,
+# the serialized task binary and its broadcast pieces): on a 1 GiB driver heap (the default) a job of 48 MiB
+# ran and one of 64 MiB ended the server's SparkContext (OutOfMemoryError). A job of at most 1/32 of the heap.
+HEAP_SHARE = 32
 _SCHEMA = "ended string"
 
 
@@ -75,6 +79,19 @@ def server_url(spark: SparkSession) -> str:
     return f"sc://{getattr(spark.client._builder, 'endpoint', spark.client.host)}"
 
 
+def job_limit(conf: Callable[[str], str | None]) -> tuple[int, str]:
+    """The largest job to send the server, and the settings that bound it."""
+    driver_memory = conf("spark.driver.memory") or "1g"
+    heap = jvm_mebibytes(driver_memory) * (1 << 20) // HEAP_SHARE
+    message = message_limit(conf) - PLAN_MARGIN_BYTES
+    if heap < message:
+        return heap, f"1/{HEAP_SHARE} of the server's driver heap, spark.driver.memory={driver_memory}"
+    return message, (
+        f"{MESSAGE_SIZE_CONF} on the server, within the Python client's own {_mib(DEFAULT_MESSAGE_BYTES)}, "
+        f"less {_mib(PLAN_MARGIN_BYTES)} for the plan"
+    )
+
+
 def message_limit(conf: Callable[[str], str | None]) -> int:
     """The most bytes one message from this client may carry to the server."""
     value = (conf(MESSAGE_SIZE_CONF) or "").strip().lower().removesuffix("b")
@@ -90,13 +107,12 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
 
 
-def job_too_large(size: int, limit: int, url: str) -> LaunchError:
+def job_too_large(size: int, limit: int, bound_by: str, url: str) -> LaunchError:
     return LaunchError(
         f"The pickled job is {_mib(size)}: over Spark Connect it travels inside the barrier job's plan, one "
-        f"message to the server at {url}, and a message may carry at most {_mib(limit)} ({MESSAGE_SIZE_CONF} on "
-        f"the server, and the Python client's own limit of {_mib(DEFAULT_MESSAGE_BYTES)}), {_mib(PLAN_MARGIN_BYTES)} "
-        "of it kept for the plan. Make the job smaller: have main load its data and model from storage instead "
-        "of capturing them, or pass a path; or run it on a classic SparkSession (a broadcast has no such limit)."
+        f"message to the server at {url}, which takes a job of at most {_mib(limit)} ({bound_by}). Make the job "
+        "smaller: have main load its data and model from storage instead of capturing them, or pass a path; or "
+        "run it on a classic SparkSession (a broadcast has no such limit)."
     )
 
 
@@ -123,9 +139,9 @@ class ConnectApp:
         check_connect_slots(self.master, self.conf, tasks, self.where())
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
-        limit = message_limit(self.conf)
-        if len(payload) + PLAN_MARGIN_BYTES > limit:
-            raise job_too_large(len(payload), limit, self.url)
+        limit, bound_by = job_limit(self.conf)
+        if len(payload) > limit:
+            raise job_too_large(len(payload), limit, bound_by, self.url)
         return ShippedJob(payload)
 
     def run_barrier(self, tasks: int, task: BarrierTask, tag: str, description: str) -> None:

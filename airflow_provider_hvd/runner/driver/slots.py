@@ -56,7 +56,7 @@ def _busy_note(busy: int) -> str:
     return f", {busy} of them busy with its other jobs" if busy else ""
 
 
-def _mebibytes(size: str) -> int:
+def jvm_mebibytes(size: str) -> int:
     """A JVM memory size as Spark writes it (``4g``, ``512m``, ``1024``: MiB without a unit) in MiB."""
     match = re.fullmatch(r"(\d+)\s*([kmgtp]?)b?", size.strip().lower())
     if match is None:
@@ -77,7 +77,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
     bound: a job above it can never start. ``count_gpus=False``: as if GPUs were no limit.
     """
     task_cpus = int(conf.get("spark.task.cpus") or 1)
-    executor_mb = _mebibytes(conf.get("spark.executor.memory") or "1g")
+    executor_mb = jvm_mebibytes(conf.get("spark.executor.memory") or "1g")
     cores_max = int(conf["spark.cores.max"]) if conf.get("spark.cores.max") else None
     executor_gpus = float(conf.get(EXECUTOR_GPUS) or 0) if count_gpus else 0.0
     task_gpus = float(conf.get(TASK_GPUS) or 0) if count_gpus else 0.0
