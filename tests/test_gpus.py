@@ -203,3 +203,34 @@ def test_torch_ranks_two_a_task_each_get_one_of_its_gpus(gpu_cluster):
     for view in views:
         worker = next(part for part in Path(view["executor_dir"]).parts if part.startswith("worker-"))
         assert view["visible"] == worker_gpus[worker], view
+
+
+def test_torch_ranks_over_spark_connect_each_get_one_of_their_tasks_gpus(gpu_cluster, tmp_path):
+    """The same over a Spark Connect server on the cluster: the GPU settings are read through the session."""
+    import torch_jobs
+    from connect_server import ConnectServer, connect_session
+
+    from airflow_provider_hvd import TorchDistributor
+
+    server = ConnectServer(
+        tmp_path,
+        gpu_cluster.url,
+        **{
+            "spark.executor.cores": "2",
+            "spark.cores.max": "4",
+            "spark.executor.resource.gpu.amount": "2",
+            "spark.task.resource.gpu.amount": "2",
+            **gpu_cluster.app_conf,
+        },
+    ).start()
+    try:
+        with connect_session(server.url):
+            views = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)["views"]
+    finally:
+        server.stop()
+    assert [(view["group_rank"], view["local_rank"]) for view in views] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    worker_gpus = {"worker-0": "0,1", "worker-1": "2,3"}
+    for view in views:
+        worker = next(part for part in Path(view["executor_dir"]).parts if part.startswith("worker-"))
+        assert view["visible"] == worker_gpus[worker], view
+    assert sorted(view["visible"].split(",")[view["local_rank"]] for view in views) == ["0", "1", "2", "3"]
