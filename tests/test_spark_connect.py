@@ -165,3 +165,13 @@ def test_the_job_limit_is_the_servers_message_limit_or_a_share_of_its_heap():
     assert job_limit({}.get) == (32 << 20, "1/32 of the server's driver heap, spark.driver.memory=1g")
     limit, bound_by = job_limit({"spark.driver.memory": "8g"}.get)
     assert limit == 127 << 20 and bound_by.startswith(MESSAGE_SIZE_CONF)
+
+
+def test_the_driver_address_set_in_the_connect_session_is_used(connect_spark):
+    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+
+    assert SparkLauncher(connect_spark, 2).driver.advertised == "127.0.0.1"
+    connect_spark.conf.set(CONNECT_HOST_CONF, "gateway.example")
+    connect_spark.conf.set(CONNECT_BIND_CONF, "0.0.0.0")
+    driver = SparkLauncher(connect_spark, 2).driver
+    assert (driver.advertised, driver.bind) == ("gateway.example", "0.0.0.0")
