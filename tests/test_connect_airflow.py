@@ -84,3 +84,31 @@ def test_a_torch_distributed_decorator_on_a_spark_connect_connection_runs_over_t
     assert states(run) == {"gather_ranks": "success"}, task_log[-3000:]
     assert xcom(run, "gather_ranks") == [0, 1]
     assert f"Running over Spark Connect at {spark_connect_default}: application local-" in task_log
+
+
+def test_spark_conf_on_spark_connect_applies_what_a_session_may_set_and_names_the_servers(
+    spark_connect_default, capsys
+):
+    from airflow_provider_hvd import LaunchError
+    from airflow_provider_hvd.hooks.horovod import HorovodHook
+
+    asked = {"spark.sql.shuffle.partitions": "3", "spark.executor.memory": "3g"}
+    spark = HorovodHook("spark_connect_default", spark_conf=asked).get_conn()
+    try:
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+    finally:
+        spark.stop()
+    assert (
+        "These settings of connection 'spark_connect_default' and spark_conf are the Spark Connect server's and do "
+        "not apply (set them where the server starts: start-connect-server.sh --conf KEY=VALUE): "
+        "spark.executor.memory=3g (server: unset)" in capsys.readouterr().out
+    )
+    hook = HorovodHook("spark_connect_default", spark_conf={"spark.task.cpus": "2", "spark.driver.host": "10.0.0.9"})
+    with pytest.raises(
+        LaunchError,
+        match=r"^These settings of connection 'spark_connect_default' and spark_conf are the Spark Connect server's, "
+        r"which has them otherwise; a session cannot set them: spark.driver.host=10.0.0.9 \(server: [^)]+\), "
+        r"spark.task.cpus=2 \(server: unset\)\. Set them where the server starts .* The address the ranks reach "
+        r"this task at is spark.horovodRunner.driverHost",
+    ):
+        hook.run(print, np=2)

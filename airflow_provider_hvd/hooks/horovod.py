@@ -27,6 +27,7 @@ from airflow_provider_hvd.hooks.spark_connect import (
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
+from airflow_provider_hvd.runner.driver.address import CONNECT_BIND_CONF, CONNECT_HOST_CONF
 from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.driver.progress import ProgressSink
 from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
@@ -285,10 +286,16 @@ class HorovodHook(BaseHook):
             for key, have in sorted(refused.items())
         )
         if any(key.startswith(_SETTINGS_THAT_MATTER) for key in refused):
+            address = (
+                f" The address the ranks reach this task at is {CONNECT_HOST_CONF} (and where it listens, "
+                f"{CONNECT_BIND_CONF}) on Spark Connect."
+                if {"spark.driver.host", "spark.driver.bindAddress"} & set(refused)
+                else ""
+            )
             raise LaunchError(
                 f"These settings of connection {self.conn_id!r} and spark_conf are the Spark Connect server's, which "
                 f"has them otherwise; a session cannot set them: {lines}. Set them where the server starts "
-                "(start-connect-server.sh --conf KEY=VALUE), or remove them."
+                f"(start-connect-server.sh --conf KEY=VALUE), or remove them.{address}"
             )
         self.log.warning(
             "These settings of connection %r and spark_conf are the Spark Connect server's and do not apply (set "
