@@ -69,7 +69,8 @@ def test_a_classic_master_in_a_spark_connect_connection_names_the_spark_type(mon
     monkeypatch.setenv("AIRFLOW_CONN_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host}))
     with pytest.raises(
         ValueError,
-        match=rf"'connect_test' is of type spark_connect but its host '{re.escape(host)}' is a classic Spark master; .* "
+        match=rf"'connect_test' is of type spark_connect but its host '{re.escape(host)}' is a classic Spark "
+        r"master; .* "
         r"belongs in a connection of type 'spark', e.g. `airflow connections add connect_test --conn-type spark ",
     ):
         HorovodHook("connect_test").run(print, np=2)
