@@ -23,10 +23,21 @@ CONNECTIONS = {
         "host": "connect-server",
         "port": 443,
         "login": "etl",
-        "password": "t0k/en;x",
+        "password": "t0k=en;x",
         "extra": {"use_ssl": True},
     },
     "uri": "spark-connect://etl:secret@connect-server:15002?use_ssl=false",
+    "use_ssl_1": {"conn_type": "spark_connect", "host": "connect-server", "extra": {"use_ssl": "1"}},
+}
+# the URL each connection stands for (the apache-spark provider's SparkConnectHook's rules), and whether the
+# channel is TLS: pyspark's ChannelBuilder takes use_ssl only as "true", and a token always goes over TLS
+EXPECTED = {
+    "host_only": ("sc://connect-server/", False),
+    "host_and_port": ("sc://connect-server:15012/", False),
+    "scheme_in_host": ("sc://connect-server:15012/", False),
+    "user_and_token": ("sc://connect-server:443/;user_id=etl;token=t0k%3Den%3Bx;use_ssl=True", True),
+    "uri": ("sc://connect-server:15002/;user_id=etl;token=secret;use_ssl=false", True),
+    "use_ssl_1": ("sc://connect-server/;use_ssl=1", False),
 }
 
 
@@ -38,11 +49,25 @@ def connections(monkeypatch):
 
 @pytest.mark.parametrize("conn_id", sorted(CONNECTIONS))
 def test_the_url_is_the_apache_spark_providers(connections, conn_id):
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
 
+    url, tls = EXPECTED[conn_id]
     target = HorovodHook(conn_id).connect_target()
-    assert target is not None and target.url == SparkConnectHook(conn_id).get_connection_url()
+    assert target is not None and target.url == url
     assert target.address == f"connect-server:{target.port}" and target.port in (15002, 15012, 443)
+    assert target.tls is tls is DefaultChannelBuilder(url).secure  # what the task log says is what pyspark does
+    assert ("TLS" in target.describe()) is tls
+
+
+def test_a_token_spark_connect_cannot_read_is_refused_by_name(monkeypatch):
+    """The provider's URL keeps a '/' of the token, which pyspark then refuses as a path, token in its words."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CONNECT_TEST",
+        json.dumps({"conn_type": "spark_connect", "host": "connect-server", "password": "t0k/en"}),
+    )
+    with pytest.raises(ValueError, match=r"^Connection 'connect_test' \(spark_connect\): Spark Connect cannot") as exc:
+        HorovodHook("connect_test").connect_target()
+    assert "t0k" not in str(exc.value)
 
 
 def test_the_task_log_names_the_type_and_server_never_the_token(connections):
@@ -55,8 +80,8 @@ def test_the_task_log_names_the_type_and_server_never_the_token(connections):
         "Spark Connect server sc://connect-server:443 (user_id etl, token ***, TLS), connection 'user_and_token' "
         "of type spark_connect"
     )
-    assert "token=t0k" in target.url and redact(target.url) == target.url.replace("t0k/en%3Bx", "***")
-    assert redact("the token t0k/en;x") == "the token ***"
+    assert "token=t0k" in target.url and redact(target.url) == target.url.replace("t0k%3Den%3Bx", "***")
+    assert redact("the token t0k=en;x") == "the token ***"
 
 
 def test_a_spark_connection_is_not_a_connect_one(monkeypatch):

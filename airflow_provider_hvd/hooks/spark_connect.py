@@ -50,7 +50,7 @@ class ConnectTarget:
     port: int
     user_id: str | None = None
     has_token: bool = False
-    use_ssl: bool = False
+    tls: bool = False  #: as pyspark's channel is: ``use_ssl=true``, or a token
     conf: dict[str, str] = field(default_factory=dict)  #: the connection's ``spark.*`` extras
     history_server: str | None = None
 
@@ -62,7 +62,7 @@ class ConnectTarget:
         """The connection in words, for the task log: no token."""
         details = [f"user_id {self.user_id}"] if self.user_id else []
         details += ["token ***"] if self.has_token else []
-        details += ["TLS"] if self.use_ssl else []
+        details += ["TLS"] if self.tls else []
         extra = f" ({', '.join(details)})" if details else ""
         return f"Spark Connect server sc://{self.address}{extra}, connection {self.conn_id!r} of type {CONN_TYPE}"
 
@@ -75,6 +75,8 @@ def connect_target(conn: Connection) -> ConnectTarget:
     connection. Extras other than ``use_ssl``, ``history-server-url`` and Spark settings are refused by name.
     """
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from pyspark.errors import PySparkValueError
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
 
     host = (conn.host or "").strip()
     if not host:
@@ -108,6 +110,13 @@ def connect_target(conn: Connection) -> ConnectTarget:
             "sc://host:port, with no path."
         ) from None
     parsed = urlparse(url)
+    try:
+        channel = DefaultChannelBuilder(url)
+    except PySparkValueError:  # its words hold the token
+        raise ValueError(
+            f"Connection {conn.conn_id!r} ({CONN_TYPE}): Spark Connect cannot read the URL its login and password "
+            "make (a '/' in them ends up in the URL's path); use a user id and token without '/'."
+        ) from None
     return ConnectTarget(
         conn_id=conn.conn_id,
         url=url,
@@ -115,7 +124,7 @@ def connect_target(conn: Connection) -> ConnectTarget:
         port=parsed.port or DEFAULT_PORT,
         user_id=conn.login or None,
         has_token=bool(conn.password),
-        use_ssl=str(extra.get("use_ssl", "")).lower() in ("true", "1", "yes"),
+        tls=channel.secure,
         conf={key: str(value) for key, value in extra.items() if key.startswith("spark.")},
         history_server=extra.get("history-server-url") or None,
     )
