@@ -171,3 +171,27 @@ def test_openlineage_properties_are_said_not_to_apply_on_spark_connect(monkeypat
     with pytest.raises(LaunchError, match="Cannot reach the Spark Connect server"):
         hook.run(print, np=2)
     assert "OpenLineage's properties of this job do not apply on Spark Connect" in capsys.readouterr().out
+
+
+def test_openlineage_http_headers_and_auth_are_secret(monkeypatch):
+    """OpenLineage's HTTP transport takes its credentials as transport.headers.* (an Authorization header) or
+    transport.auth.*: masked where the hook logs them, and in the whole task log."""
+    from airflow.sdk.log import redact
+
+    from airflow_provider_hvd.hooks.horovod import masked
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEST", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    lineage = {
+        "spark.openlineage.transport.headers.Authorization": "Bearer h3ader-k3y",
+        "spark.openlineage.transport.auth.type": "api_key",
+        "spark.openlineage.transport.auth.apiKey": "ap1-k3y",
+        "spark.openlineage.transport.url": "http://marquez:5000",
+    }
+    _, conf = HorovodHook("spark_test", openlineage_conf=lineage).resolve()
+    assert masked(conf) == {
+        "spark.openlineage.transport.headers.Authorization": "***",
+        "spark.openlineage.transport.auth.type": "api_key",
+        "spark.openlineage.transport.auth.apiKey": "***",
+        "spark.openlineage.transport.url": "http://marquez:5000",
+    }
+    assert redact("sent Bearer h3ader-k3y and ap1-k3y") == "sent *** and ***"

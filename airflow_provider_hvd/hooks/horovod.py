@@ -69,11 +69,16 @@ _SETTINGS_THAT_MATTER = (
     "spark.kerberos.",
 )
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private", "keytab", "api_key", "apikey")
+# OpenLineage's HTTP transport: its headers (Authorization...) and its auth settings but their type
+_SECRET_PREFIXES = ("spark.openlineage.transport.headers.", "spark.openlineage.transport.auth.")
+_NOT_SECRET = ("spark.openlineage.transport.auth.type",)
 _PY4J_CHATTER = ("py4j.clientserver", "py4j.java_gateway")  # a line at INFO each time a Python thread ends
 
 
 def is_secret_setting(key: str) -> bool:
     """Whether a setting's value is a secret (a password, a token...) to be masked wherever it is logged."""
+    if key.startswith(_SECRET_PREFIXES) and key not in _NOT_SECRET:
+        return True
     return any(word in key.lower() for word in _SECRET_WORDS)
 
 
