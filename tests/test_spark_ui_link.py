@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import socket
+import threading
+import time
+
 import pytest
 
-from airflow_provider_hvd.hooks.spark_ui import HISTORY_SERVER_CONF, YARN_PROXY_CONF, lasting_ui_url
+from airflow_provider_hvd.hooks.spark_ui import (
+    HISTORY_SERVER_CONF,
+    PORT_RETRIES,
+    UI_PROBE_DEADLINE_S,
+    YARN_PROXY_CONF,
+    lasting_ui_url,
+    server_ui_url,
+)
 
 APP = "app-20260101000000-0007"
 YARN_APP = "application_1767225600000_0042"
@@ -46,3 +59,72 @@ YARN_APP = "application_1767225600000_0042"
 )
 def test_lasting_link(master, app_id, conf, options, link):
     assert lasting_ui_url(master, app_id, conf, **options) == link
+
+
+def _consecutive_ports(count: int) -> list[socket.socket]:
+    """``count`` listening loopback sockets on consecutive ports."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+                sock.listen(8)
+            return sockets
+        except OSError:
+            for sock in sockets:
+                sock.close()
+
+
+def test_the_connect_servers_ui_is_the_first_that_lists_its_application():
+    """Another application's UI holds the first port; the next one is the server's application's."""
+    sockets = _consecutive_ports(2)
+    servers = []
+    for sock, app in zip(sockets, ["app-other", APP], strict=True):
+        body = json.dumps([{"id": app}]).encode()
+
+        class Applications(http.server.BaseHTTPRequestHandler):
+            def do_GET(self, body: bytes = body) -> None:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = http.server.HTTPServer(sock.getsockname(), Applications, bind_and_activate=False)
+        server.socket.close()
+        server.socket = sock
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    try:
+        first = sockets[0].getsockname()[1]
+        assert server_ui_url("127.0.0.1", first, 16, APP) == (f"http://127.0.0.1:{first + 1}/jobs/", "")
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_ui_host_that_never_answers_holds_the_job_back_seconds_at_most():
+    """Every UI port accepts and never answers, as behind a firewall that drops packets: it took 51 s (17 ports
+    x 3 s, before the job started) before there was a deadline."""
+    sockets = _consecutive_ports(PORT_RETRIES + 1)
+    try:
+        first = sockets[0].getsockname()[1]
+        started = time.monotonic()
+        link, why = server_ui_url("127.0.0.1", first, PORT_RETRIES, APP)
+        took = time.monotonic() - started
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert link is None and why == (
+        f"no Spark UI from http://127.0.0.1:{first} on lists the Spark Connect server's application {APP}"
+    )
+    assert took < UI_PROBE_DEADLINE_S + 3  # the deadline, with room for a loaded machine

@@ -10,12 +10,13 @@ the application's page there, where the server's driver host and UI port answer 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_hvd.runner.driver.spark_cluster import master_state, master_web_ui, state_of, web_ui_of
+from airflow_provider_hvd.runner.driver.spark_cluster import session_conf, state_of, web_ui_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -26,6 +27,7 @@ HISTORY_SERVER_CONF = "spark.yarn.historyServer.address"
 YARN_PROXY_CONF = "spark.org.apache.hadoop.yarn.server.webproxy.amfilter.AmIpFilter.param.PROXY_URI_BASES"
 UI_PORT, PORT_RETRIES = 4040, 16  # Spark's defaults: the UI takes the first free port from 4040 on
 UI_PROBE_TIMEOUT_S = 3.0  # a UI's first answer can be slow on a loaded host
+UI_PROBE_DEADLINE_S = 5.0  # all the ports together: a host that drops packets must not hold the job back
 
 
 def lasting_ui_url(
@@ -52,27 +54,44 @@ def lasting_ui_url(
     return None
 
 
-def application_ui_url(sc: SparkContext, history_server: str | None = None) -> str | None:
-    """:func:`lasting_ui_url` for a running SparkContext."""
-    attempt = sc._jsc.sc().applicationAttemptId()  # a Scala Option
-    master = sc.master or ""
+def _lasting_url_of(
+    master: str,
+    app_id: str,
+    conf: Callable[[str], str | None],
+    *,
+    attempt_id: str | None = None,
+    history_server: str | None = None,
+) -> str | None:
+    """:func:`lasting_ui_url` of an application known by its master URL and conf getter (the standalone master's
+    UI asked where the master is a standalone one)."""
+    master_ui = web_ui_of(master, conf) if master.startswith("spark://") and state_of(master, conf)[0] else None
+    settings = {key: value for key in (HISTORY_SERVER_CONF, YARN_PROXY_CONF) if (value := conf(key))}
     return lasting_ui_url(
-        master,
-        sc.applicationId,
-        dict(sc.getConf().getAll()),
-        attempt_id=attempt.get() if attempt.isDefined() else None,
-        history_server=history_server,
-        master_ui=master_web_ui(sc) if master.startswith("spark://") and master_state(sc) else None,
+        master, app_id, settings, attempt_id=attempt_id, history_server=history_server, master_ui=master_ui
     )
 
 
-def _serves_application(ui: str, app_id: str) -> bool | None:
-    """Whether the Spark UI at ``ui`` is ``app_id``'s; None where nothing answers there."""
+def application_ui_url(sc: SparkContext, history_server: str | None = None) -> str | None:
+    """:func:`lasting_ui_url` for a running SparkContext."""
+    attempt = sc._jsc.sc().applicationAttemptId()  # a Scala Option
+    return _lasting_url_of(
+        sc.master or "",
+        sc.applicationId,
+        sc.getConf().get,
+        attempt_id=attempt.get() if attempt.isDefined() else None,
+        history_server=history_server,
+    )
+
+
+def _serves_application(ui: str, app_id: str, timeout: float) -> bool | None:
+    """Whether the Spark UI at ``ui`` is ``app_id``'s; None where nothing answers there (refused, or silent)."""
     try:
-        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=UI_PROBE_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=timeout) as resp:
             apps = json.load(resp)
     except urllib.error.URLError as exc:
-        return None if isinstance(exc.reason, ConnectionRefusedError) else False
+        return None if isinstance(exc.reason, (ConnectionRefusedError, TimeoutError)) else False
+    except TimeoutError:  # connected, then no answer
+        return None
     except (OSError, ValueError):
         return False
     return isinstance(apps, list) and any(isinstance(app, dict) and app.get("id") == app_id for app in apps)
@@ -87,19 +106,11 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
     first port where nothing answers ends it).
     """
 
-    def conf(key: str) -> str | None:
-        value = spark.conf.get(key, None)
-        return str(value) if value is not None else None
-
+    conf = session_conf(spark)
     app_id = conf("spark.app.id")
     if not app_id:
         return None, "the Spark Connect server does not say its application's id (spark.app.id)"
-    keys = (HISTORY_SERVER_CONF, YARN_PROXY_CONF)
-    master = conf("spark.master") or ""
-    master_ui = web_ui_of(master, conf) if master.startswith("spark://") and state_of(master, conf)[0] else None
-    lasting = lasting_ui_url(
-        master, app_id, {k: v for k in keys if (v := conf(k))}, history_server=history_server, master_ui=master_ui
-    )
+    lasting = _lasting_url_of(conf("spark.master") or "", app_id, conf, history_server=history_server)
     if lasting:
         return lasting, ""
     if (conf("spark.ui.enabled") or "true").lower() == "false":
@@ -107,9 +118,18 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
     host, first = conf("spark.driver.host"), int(conf("spark.ui.port") or UI_PORT)
     if not host or first == 0:
         return None, f"the Spark Connect server does not say where its UI is (spark.driver.host, spark.ui.port={first})"
-    for port in range(first, first + int(conf("spark.port.maxRetries") or PORT_RETRIES) + 1):
+    return server_ui_url(host, first, int(conf("spark.port.maxRetries") or PORT_RETRIES), app_id)
+
+
+def server_ui_url(host: str, first: int, retries: int, app_id: str) -> tuple[str | None, str]:
+    """The jobs page of the UI on ``host`` that lists ``app_id``, from port ``first`` up to ``first + retries``,
+    and why there is none when it is None: the first port where nothing answers ends it, and
+    :data:`UI_PROBE_DEADLINE_S` all of it."""
+    deadline = time.monotonic() + UI_PROBE_DEADLINE_S
+    for port in range(first, first + retries + 1):
         ui = f"http://{host}:{port}"
-        serves = _serves_application(ui, app_id)
+        left = deadline - time.monotonic()
+        serves = _serves_application(ui, app_id, min(UI_PROBE_TIMEOUT_S, left)) if left > 0 else None
         if serves:
             return f"{ui}/jobs/", ""
         if serves is None:
