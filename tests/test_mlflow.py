@@ -34,6 +34,20 @@ def runs_of(client: MlflowClient, name: str):
     return [] if found is None else client.search_runs([found.experiment_id])
 
 
+@pytest.fixture
+def runner_log():
+    """``runner_log(handler)`` adds a handler to the runner's logger for the test; removed as it ends."""
+    logger, added = logging.getLogger(RUNNER_LOG), []
+
+    def add(handler: logging.Handler) -> None:
+        logger.addHandler(handler)
+        added.append(handler)
+
+    yield add
+    for handler in added:
+        logger.removeHandler(handler)
+
+
 def mlflow_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "MLflow" in r.getMessage()]
 
@@ -157,6 +171,16 @@ class OnCheckpoint(logging.Handler):
             self.action()
 
 
+class OnMessage(logging.Handler):
+    def __init__(self, text: str, action) -> None:
+        super().__init__()
+        self.text, self.action = text, action
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.action()
+
+
 def training_until_cancelled():
     import time
 
@@ -167,16 +191,12 @@ def training_until_cancelled():
     time.sleep(300)
 
 
-def test_a_cancelled_run_ends_its_mlflow_run_killed_with_what_was_reported(mlflow_server):
+def test_a_cancelled_run_ends_its_mlflow_run_killed_with_what_was_reported(mlflow_server, runner_log):
     name = experiment()
     runner = HorovodRunner(np=-2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
-    handler = OnCheckpoint(runner.cancel)
-    logging.getLogger(RUNNER_LOG).addHandler(handler)
-    try:
-        with pytest.raises(RunCancelledError):
-            runner.run(training_until_cancelled)
-    finally:
-        logging.getLogger(RUNNER_LOG).removeHandler(handler)
+    runner_log(OnCheckpoint(runner.cancel))
+    with pytest.raises(RunCancelledError):
+        runner.run(training_until_cancelled)
     client = MlflowClient(mlflow_server)
     (run,) = runs_of(client, name)
     assert run.info.status == "KILLED"
@@ -184,18 +204,40 @@ def test_a_cancelled_run_ends_its_mlflow_run_killed_with_what_was_reported(mlflo
     assert run.data.tags["hvd.checkpoint.path"] == "/ckpt/1.pt"
 
 
-def test_a_cancel_before_the_ranks_start_leaves_no_mlflow_run_running(mlflow_server):
+def test_a_cancel_before_the_ranks_start_leaves_no_mlflow_run_running(mlflow_server, runner_log):
     name = experiment()
     runner = HorovodRunner(np=-2, mlflow={"tracking_uri": mlflow_server, "experiment_name": name})
-    handler = CancelAtLaunch(runner)
-    logging.getLogger(RUNNER_LOG).addHandler(handler)
-    try:
-        with pytest.raises(RunCancelledError):
-            runner.run(training_until_cancelled)
-    finally:
-        logging.getLogger(RUNNER_LOG).removeHandler(handler)
+    runner_log(CancelAtLaunch(runner))
+    with pytest.raises(RunCancelledError):
+        runner.run(training_until_cancelled)
     (run,) = runs_of(MlflowClient(mlflow_server), name)
     assert run.info.status == "KILLED"
+
+
+class Interrupted(BaseException):
+    """What a signal raises in the driver (Airflow's task timeout, a SIGTERM's handler)."""
+
+
+def interrupt(*_args) -> None:
+    raise Interrupted
+
+
+@pytest.mark.parametrize("moment", ["as the MLflow run is created", "before the supervisor starts"])
+def test_an_interrupt_before_the_ranks_start_ends_the_mlflow_run_killed_and_its_writer(
+    moment, mlflow_server, runner_log
+):
+    name = experiment()
+    settings = MlflowSettings(tracking_uri=mlflow_server, experiment_name=name)
+    if moment == "as the MLflow run is created":
+        settings.on_start = interrupt
+    else:
+        runner_log(OnMessage("resuming from", interrupt))  # logged once the run exists, before the ranks start
+    runner = HorovodRunner(np=-2, mlflow=settings, resume_from="/ckpt/1.pt")
+    with pytest.raises(Interrupted):
+        runner.run(returns_seven)
+    (run,) = runs_of(MlflowClient(mlflow_server), name)
+    assert run.info.status == "KILLED"
+    assert not [thread for thread in threading.enumerate() if thread.name == "hvd-mlflow-writer"]
 
 
 def returns_seven():
@@ -223,7 +265,7 @@ def silent_server():
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("server", ["down", "hung", "not MLflow"])
+@pytest.mark.parametrize("server", ["down", "hung", "not MLflow", "unknown scheme", "unwritable store"])
 def test_a_tracking_server_that_fails_costs_one_warning_and_not_the_run(
     server, mlflow_server, silent_server, monkeypatch, caplog
 ):
@@ -234,6 +276,8 @@ def test_a_tracking_server_that_fails_costs_one_warning_and_not_the_run(
         "down": f"http://127.0.0.1:{free_port()}",  # nothing listens
         "hung": silent_server,
         "not MLflow": f"{mlflow_server}/no/such/api",  # answers 404
+        "unknown scheme": "bogus-scheme://x",  # MLflow's client refuses it as it is made
+        "unwritable store": "sqlite:////proc/no-such-dir/mlflow.db",
     }[server]
     caplog.set_level(logging.INFO, RUNNER_LOG)
     runner = HorovodRunner(np=-2, mlflow={"tracking_uri": uri})
@@ -289,7 +333,9 @@ def reports_and_returns():
 
 
 @pytest.mark.parametrize("trouble", ["hangs at the end", "deleted the run"])
-def test_a_tracking_server_that_fails_later_costs_one_warning_and_at_most_final_write_s(trouble, mlflow_server, caplog):
+def test_a_tracking_server_that_fails_later_costs_one_warning_and_at_most_final_write_s(
+    trouble, mlflow_server, caplog, runner_log
+):
     client, name = MlflowClient(mlflow_server), experiment()
     proxy = HangingProxy(("127.0.0.1", urllib.parse.urlsplit(mlflow_server).port))
     runner = HorovodRunner(np=-2, mlflow={"tracking_uri": f"http://127.0.0.1:{proxy.port}", "experiment_name": name})
@@ -297,14 +343,12 @@ def test_a_tracking_server_that_fails_later_costs_one_warning_and_at_most_final_
         action = proxy.hung.set
     else:
         action = lambda: client.delete_run(runner.mlflow_run_id)  # noqa: E731 - its next writes are refused
-    handler = OnCheckpoint(action)
-    logging.getLogger(RUNNER_LOG).addHandler(handler)
+    runner_log(OnCheckpoint(action))
     caplog.set_level(logging.INFO, RUNNER_LOG)
     began = time.monotonic()
     try:
         assert runner.run(reports_and_returns) == 7
     finally:
-        logging.getLogger(RUNNER_LOG).removeHandler(handler)
         took = time.monotonic() - began
         proxy.close()
     (warning,) = mlflow_warnings(caplog)
@@ -316,23 +360,12 @@ def test_a_tracking_server_that_fails_later_costs_one_warning_and_at_most_final_
         assert "could not log the metrics" in warning
 
 
-class OnMessage(logging.Handler):
-    def __init__(self, text: str, action) -> None:
-        super().__init__()
-        self.text, self.action = text, action
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.action()
-
-
-def test_an_mlflow_run_created_after_the_start_gave_up_is_ended_killed(mlflow_server, monkeypatch, caplog):
+def test_an_mlflow_run_created_after_the_start_gave_up_is_ended_killed(mlflow_server, monkeypatch, caplog, runner_log):
     monkeypatch.setattr(mlflow_run, "START_WAIT_S", 1.0)
     client, name = MlflowClient(mlflow_server), experiment()
     proxy = HangingProxy(("127.0.0.1", urllib.parse.urlsplit(mlflow_server).port))
     proxy.hung.set()  # the server answers once the run's start gave up on it
-    handler = OnMessage("did not create the run within", proxy.release)
-    logging.getLogger(RUNNER_LOG).addHandler(handler)
+    runner_log(OnMessage("did not create the run within", proxy.release))
     try:
         runner = HorovodRunner(
             np=-2, mlflow={"tracking_uri": f"http://127.0.0.1:{proxy.port}", "experiment_name": name}
@@ -343,7 +376,6 @@ def test_an_mlflow_run_created_after_the_start_gave_up_is_ended_killed(mlflow_se
             assert time.monotonic() < deadline, [run.info for run in runs_of(client, name)]
             time.sleep(0.2)
     finally:
-        logging.getLogger(RUNNER_LOG).removeHandler(handler)
         proxy.close()
     (run,) = runs_of(client, name)
     assert "gave up on it" in run.data.tags["hvd.failure"]
@@ -388,6 +420,21 @@ def test_metrics_waiting_for_a_server_that_takes_none_stay_bounded(monkeypatch, 
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 2 and "'bad name?' is not an MLflow metric name" in warnings[0]
     assert "5 metric points wait" in warnings[1]
+
+
+def test_a_metric_value_that_is_no_number_is_left_out_with_a_warning_and_the_others_kept(caplog):
+    run = mlflow_run.MlflowRun(MlflowSettings(), "HorovodRunner", 2, {})
+    run.run_id = "r1"  # (created)
+    for step in range(2):  # (a rank's log_metrics sends floats only: this is a message from elsewhere)
+        run.take(0, Metrics(step, {"loss": 0.5, "note": "high", "acc": 0.75}, time.time()))
+    assert [(m.key, m.step, m.value) for m in run._metrics] == [
+        ("loss", 0, 0.5),
+        ("acc", 0, 0.75),
+        ("loss", 1, 0.5),
+        ("acc", 1, 0.75),
+    ]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "'note'" in warning and "'high'" in warning
 
 
 def test_the_mlflow_setting_is_checked_and_mlflow_must_be_installed(monkeypatch):

@@ -164,34 +164,37 @@ class _Runner:
             liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
             warn_if_gloo_first(liveness, os.environ)
             progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
-            tracking = self._start_mlflow_run(launcher.size, conf)  # ended as the run ends (the `with` below)
-            supervisor = _supervisor_class()(
-                launcher,
-                payload,
-                self.driver_log_verbosity,
-                lambda: run.cancelled,
-                self.start_timeout_s,
-                progress,
-                liveness,
-                stall_timeout=self.stall_timeout,
-                code_files=CodeFiles(main, args, kwargs),
-                channel_tls=channel_tls,
-                kind=kind,
-                exit_timeout_s=self.exit_timeout,
-                tracking=tracking,
-            )
-            del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
-            if self.resume_from is not None:
-                log.info("%s: resuming from %s", type(self).__name__, describe_checkpoint(self.resume_from))
-            with tracking or contextlib.nullcontext(), _rank_logs_visible():
-                try:
-                    return supervisor.run()
-                finally:
-                    progress.flush()
-                    self.metrics = progress.history.as_dict()
-                    self.checkpoint = (
-                        None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
-                    )
+            with contextlib.ExitStack() as ending:
+                tracking = self._start_mlflow_run(launcher.size, conf)
+                if tracking is not None:  # ended as the run ends, also by what raises before the ranks start
+                    ending.enter_context(tracking)
+                supervisor = _supervisor_class()(
+                    launcher,
+                    payload,
+                    self.driver_log_verbosity,
+                    lambda: run.cancelled,
+                    self.start_timeout_s,
+                    progress,
+                    liveness,
+                    stall_timeout=self.stall_timeout,
+                    code_files=CodeFiles(main, args, kwargs),
+                    channel_tls=channel_tls,
+                    kind=kind,
+                    exit_timeout_s=self.exit_timeout,
+                    tracking=tracking,
+                )
+                del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
+                if self.resume_from is not None:
+                    log.info("%s: resuming from %s", type(self).__name__, describe_checkpoint(self.resume_from))
+                with _rank_logs_visible():
+                    try:
+                        return supervisor.run()
+                    finally:
+                        progress.flush()
+                        self.metrics = progress.history.as_dict()
+                        self.checkpoint = (
+                            None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
+                        )
         finally:
             self._runs.remove(run)
 
@@ -241,7 +244,9 @@ class HorovodRunner(_Runner):
         driver's log; ``"log_callback_only"`` (default) relays only :func:`log_to_driver` messages and
         ``LogCallback`` lines, the rest staying in the executors' stderr.
     :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
-        busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once).
+        busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once). Over
+        Spark Connect it is not used: the client cannot count the server's free slots, and the barrier stage's
+        wait in Spark's scheduler is bounded by the ranks' start timeout (120 s).
     :param resume_from: the checkpoint the ranks resume from: what ``last_checkpoint()`` returns in them. A
         dict with a ``"path"`` (e.g. another runner's ``checkpoint``), a path, or None (start afresh).
     :param progress_sink: where the metrics history and the last checkpoint go while the run goes on (the

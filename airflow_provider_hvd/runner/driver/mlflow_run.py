@@ -157,7 +157,7 @@ class MlflowRun:
 
     :meth:`start` creates it (waiting at most ``START_WAIT_S``); :meth:`take` gets the ranks' reports (from the
     channel's thread), :meth:`rank_env` the ranks' environment; leaving the ``with`` ends it, waiting at most
-    ``FINAL_WRITE_S``. Nothing here raises into the run: errors are one warning.
+    ``FINAL_WRITE_S``. The tracking server's errors never raise into the run: they are one warning.
     """
 
     def __init__(
@@ -208,7 +208,6 @@ class MlflowRun:
         if why is not None:
             self._warn_once(f"the MLflow tracking server {uri} is unreachable: {why}; the run goes on without MLflow")
             return False
-        self._client = mlflow.MlflowClient(uri)
         self._writer = threading.Thread(target=self._write_loop, name="hvd-mlflow-writer", daemon=True)
         self._writer.start()
         self._created.wait(START_WAIT_S)
@@ -267,7 +266,14 @@ class MlflowRun:
                     self._skipped_names.add(name)
                     log.warning("%s: the metric %r is not an MLflow metric name: it is not sent", self.runner, name)
                 continue
-            metrics.append(Metric(name, float("nan") if value is None else float(value), at, step))
+            try:
+                number = float("nan") if value is None else float(value)
+            except (TypeError, ValueError, OverflowError):
+                if name not in self._skipped_names:
+                    self._skipped_names.add(name)
+                    log.warning("%s: the metric %r is %r, not a number: it is not sent", self.runner, name, value)
+                continue
+            metrics.append(Metric(name, number, at, step))
         with self._lock:
             room = max(0, _MAX_DUE - len(self._metrics))
             self._metrics.extend(metrics[:room])
@@ -354,6 +360,9 @@ class MlflowRun:
     def _create(self) -> None:
         from mlflow.entities import Param
 
+        # made here: MLflow's client opens its store at once (a local database is created and migrated; an unknown
+        # scheme raises)
+        self._client = import_mlflow().MlflowClient(self.tracking_uri)
         experiment_id = self._experiment_id()
         run = self._client.create_run(experiment_id, tags=self.tags, run_name=self.settings.run_name)
         params = [Param(key, value) for key, value in self.params.items()]
@@ -425,7 +434,12 @@ def start_mlflow_run(
         return None
     started = time.monotonic()
     mlflow_run = MlflowRun(settings, runner, size, params, spark_app_id, metrics_rank)
-    if mlflow_run.start():
+    try:
+        created = mlflow_run.start()
+    except BaseException as error:  # an interrupt, or on_start's: the run (maybe made by now) ends KILLED/FAILED
+        mlflow_run.end(error)
+        raise
+    if created:
         log.debug("%s: the MLflow run was created in %.1fs", runner, time.monotonic() - started)
         return mlflow_run
     return None
