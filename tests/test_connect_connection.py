@@ -195,3 +195,19 @@ def test_openlineage_http_headers_and_auth_are_secret(monkeypatch):
         "spark.openlineage.transport.url": "http://marquez:5000",
     }
     assert redact("sent Bearer h3ader-k3y and ap1-k3y") == "sent *** and ***"
+
+
+def test_a_session_whose_server_is_gone_is_stopped_within_seconds():
+    """The hook stops its session when the job ends, also where the server died meanwhile: pyspark alone retries
+    releasing it for ~10 minutes (15 tries, up to 60 s apart; still in spark.stop() after 30 s here)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.hooks.spark_connect import STOP_TIMEOUT_S, stop_session
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    spark = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()  # no RPC yet: as if it died since
+    started = time.monotonic()
+    stop_session(spark)
+    assert spark.is_stopped and time.monotonic() - started < STOP_TIMEOUT_S + 5

@@ -23,6 +23,7 @@ from airflow_provider_hvd.hooks.spark_connect import (
     connect_target,
     is_connect_url,
     open_session,
+    stop_session,
 )
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
@@ -267,10 +268,10 @@ class HorovodHook(BaseHook):
         try:
             self._check_server_owned(apply_conf(spark, conf), conf)
         except PySparkException as exc:
-            spark.stop()
+            stop_session(spark)
             raise self._connect_failed(target, exc) from None
         except BaseException:
-            spark.stop()
+            stop_session(spark)
             raise
         return spark
 
@@ -491,7 +492,7 @@ class HorovodHook(BaseHook):
                 raise RunCancelledError("the job was cancelled before its ranks started")
             return job()
         finally:
-            spark.stop()
+            stop_session(spark)  # within seconds also where the server died during the job
 
     @property
     def runner(self) -> JobRunner | None:

@@ -11,10 +11,11 @@ classic session can still start in the same process afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from airflow_provider_hvd.runner.errors import LaunchError
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 CONN_TYPE = "spark_connect"
 DEFAULT_PORT = 15002  # pyspark's ChannelBuilder's, for a URL without one
 REACH_TIMEOUT_S = 5.0  # a server that does not accept a TCP connection by then is named, not retried by gRPC
+STOP_TIMEOUT_S = 5.0  # releasing the session on a server that is gone: not pyspark's 10 minutes of retries
 _CLASSIC_MASTERS = ("spark://", "yarn", "local", "k8s://", "mesos://")
 _EXTRAS = {"use_ssl", "history-server-url"}
 
@@ -150,6 +152,19 @@ def open_session(target: ConnectTarget) -> ConnectSession:
 
     check_reachable(target)
     return ConnectSession.builder.remote(target.url).create()
+
+
+def stop_session(spark: ConnectSession) -> None:
+    """``spark.stop()``, within seconds also where the server is gone: pyspark retries releasing the session
+    15 times up to 60 s apart (~10 minutes), each try up to a 10-minute deadline."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client = spark.client
+    client.set_retry_policies([DefaultPolicy(max_retries=2, initial_backoff=100, max_backoff=1000)])
+    deadlines: Any = getattr(client, "_rpc_deadlines", None)  # pyspark 4.3's per-call deadlines (no public setter)
+    if hasattr(deadlines, "release_session"):
+        client._rpc_deadlines = dataclasses.replace(deadlines, release_session=STOP_TIMEOUT_S)
+    spark.stop()
 
 
 def apply_conf(spark: ConnectSession, conf: Mapping[str, str]) -> dict[str, str | None]:
