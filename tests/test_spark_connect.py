@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch_jobs
 from connect_server import connect_session
-from jobs import allreduce_sum, assert_all_gone, cancel_once_running, fail_on_rank, train_linear
+from jobs import allreduce_sum, assert_all_gone, cancel_once_running, fail_on_rank, sleep_and_record, train_linear
 from test_torch_distributor import check_torchrun_contract
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
@@ -22,6 +22,7 @@ from airflow_provider_hvd.runner.driver.address import (
     connect_driver_address,
 )
 from airflow_provider_hvd.runner.driver.connect_job import MESSAGE_SIZE_CONF, job_limit, message_limit
+from airflow_provider_hvd.runner.driver.slots import jvm_mebibytes
 from airflow_provider_hvd.runner.driver.spark_cluster import active_session, is_connect
 
 
@@ -161,6 +162,8 @@ def test_the_job_limit_is_the_servers_message_limit_or_a_share_of_its_heap():
     assert message_limit({MESSAGE_SIZE_CONF: "32m"}.get) == 32 << 20
     assert message_limit({MESSAGE_SIZE_CONF: "1048576"}.get) == 1 << 20
     assert message_limit({}.get) == message_limit({MESSAGE_SIZE_CONF: "1g"}.get) == 128 << 20  # the client's own
+    assert message_limit({MESSAGE_SIZE_CONF: "4096kb"}.get) == 4 << 20  # Spark's size parser, as the slot count's
+    assert jvm_mebibytes("1048576b") == 1 and jvm_mebibytes("2048k") == 2 and jvm_mebibytes("2g") == 2048
     # a 64 MiB job ended a 1 GiB server's SparkContext (OutOfMemoryError), 48 MiB ran: 1/32 of the heap
     assert job_limit({}.get) == (32 << 20, "1/32 of the server's driver heap, spark.driver.memory=1g")
     limit, bound_by = job_limit({"spark.driver.memory": "8g"}.get)
@@ -175,3 +178,100 @@ def test_the_driver_address_set_in_the_connect_session_is_used(connect_spark):
     connect_spark.conf.set(CONNECT_BIND_CONF, "0.0.0.0")
     driver = SparkLauncher(connect_spark, 2).driver
     assert (driver.advertised, driver.bind) == ("gateway.example", "0.0.0.0")
+
+
+def test_a_run_whose_server_dies_ends_within_a_bound_and_leaves_nothing_running(tmp_path, pid_dir):
+    """The Connect server killed while the ranks run: the cancel on the clean-up path is one bounded call
+    (pyspark's own retries of a call to a dead server take ~10 minutes)."""
+    import os
+    import signal
+    import threading
+
+    from connect_server import ConnectServer
+    from jobs import wait_for_pids
+    from pyspark.sql.connect.session import SparkSession
+
+    server = ConnectServer(tmp_path, "local[2]").start()
+    outcome: list[BaseException] = []
+    spark = SparkSession.builder.remote(server.url).getOrCreate()
+    try:
+
+        def run() -> None:
+            try:
+                HorovodRunner(np=2).run(sleep_and_record, pid_dir=pid_dir, seconds=300)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        pids = wait_for_pids(pid_dir, 2)
+        assert server._proc is not None
+        os.killpg(server._proc.pid, signal.SIGKILL)  # the server's JVM and its Python workers' parent
+        started = time.monotonic()
+        thread.join(120)
+        ended_in = time.monotonic() - started
+        assert not thread.is_alive(), "run() did not end within 120 s of its server's death"
+    finally:
+        spark.client.set_retry_policies([])  # this session's own end: one try (the hook's end is bounded apart)
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001 - its server is gone
+            pass
+        server.stop()
+    assert outcome, "run() returned instead of raising"
+    assert_all_gone(pids, within=30)
+    assert not our_processes()
+    assert ended_in < 120
+
+
+def test_a_cancel_as_the_job_is_submitted_interrupts_it(connect_spark, pid_dir):
+    """A cancel that reaches the server before the job's operation does still ends it, and nothing is left."""
+    import threading
+
+    runner = HorovodRunner(np=2)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(sleep_and_record, pid_dir=pid_dir, seconds=300)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    def job_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "hvd-spark-job"} - before
+
+    before = {t for t in threading.enumerate() if t.name == "hvd-spark-job"}  # (an earlier test's, stuck)
+    thread = threading.Thread(target=run)
+    thread.start()
+    while thread.is_alive() and not job_threads():
+        time.sleep(0.001)  # the job's thread is building its plan: its operation is not on the server yet
+    started = time.monotonic()
+    runner.cancel()
+    thread.join(60)
+    ended_in = time.monotonic() - started
+    assert not thread.is_alive() and outcome and isinstance(outcome[0], RunCancelledError), outcome
+    assert not job_threads()  # the job's thread has ended
+    assert not our_processes()
+    assert barrier_job_runs(connect_spark)  # both task slots free
+    assert ended_in < 30, ended_in
+
+
+def test_the_memory_settings_for_a_killed_ranks_evidence_are_read_as_the_launch_begins(connect_spark):
+    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+
+    launcher = SparkLauncher(connect_spark, 2)
+    connect_spark.stop()  # as a server in trouble when a rank is killed: no call to it then
+    assert launcher.memory_settings() == {"spark.driver.memory": "1g (default)"}
+
+
+def test_a_thread_without_a_session_of_its_own_runs_on_the_classic_one_not_another_threads_connect_one(
+    connect_spark, spark_local
+):
+    """Another thread's Connect session (e.g. another hook's, which it stops when its job ends) is not taken
+    by a thread that has none while a classic SparkContext runs; a thread's own Connect session comes first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        found = pool.submit(active_session).result()
+    assert not is_connect(found) and found.sparkContext is spark_local.sparkContext
+    assert active_session() is connect_spark  # this thread's

@@ -2,11 +2,12 @@
 
 The client has no SparkContext: the conf is the session's (``spark.conf``, which reads the server's static
 settings too), the barrier job is ``spark.range(n).mapInArrow(..., barrier=True)`` under an operation tag
-(``spark.addTag``, thread-local) that ``spark.interruptTag`` cancels, and the job travels inside the task's
-function: Spark ships a stage's task binary once per executor, and the plan that carries it is one gRPC message
-from this client to the server, at most ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB by default).
-There is no status tracker: the job's own error and the driver channel (heartbeats, agents' reports) tell how
-the tasks end.
+(``spark.addTag``, thread-local) that an interrupt of that tag cancels (one call with a short deadline, not
+pyspark's ``interruptTag``, whose retries of a server that is gone take ~10 minutes), and the job travels
+inside the task's function: Spark ships a stage's task binary once per executor, and the plan that carries it
+is one gRPC message from this client to the server, at most ``spark.connect.grpc.maxInboundMessageSize``
+(128 MiB by default). There is no status tracker: the job's own error and the driver channel (heartbeats,
+agents' reports) tell how the tasks end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError
 from .address import DriverAddress, connect_driver_address
-from .slots import check_connect_slots, jvm_mebibytes
+from .slots import check_connect_slots, jvm_mebibytes, spark_bytes
 from .spark_app import BarrierTask, JobStatus
 from .spark_cluster import is_local, session_conf
 from .spark_status import Task
@@ -32,6 +33,7 @@ PLAN_MARGIN_BYTES = 1024 * 1024  # the plan and the task's function around the j
 # ran and one of 64 MiB ended the server's SparkContext (OutOfMemoryError). A job of at most 1/32 of the heap.
 HEAP_SHARE = 32
 _SCHEMA = "ended string"
+CANCEL_CALL_S = 10.0  # the interrupt's deadline (on the clean-up path: the server may be gone)
 
 
 class NoStatus:
@@ -94,13 +96,8 @@ def job_limit(conf: Callable[[str], str | None]) -> tuple[int, str]:
 
 def message_limit(conf: Callable[[str], str | None]) -> int:
     """The most bytes one message from this client may carry to the server."""
-    value = (conf(MESSAGE_SIZE_CONF) or "").strip().lower().removesuffix("b")
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(value[-1:], 1)
-    try:
-        server = int(value.rstrip("kmg")) * scale
-    except ValueError:
-        server = DEFAULT_MESSAGE_BYTES
-    return min(server, DEFAULT_MESSAGE_BYTES)
+    server = spark_bytes(conf(MESSAGE_SIZE_CONF) or "", 1)  # (a size Spark refuses: its server would not run)
+    return min(server or DEFAULT_MESSAGE_BYTES, DEFAULT_MESSAGE_BYTES)
 
 
 def _mib(size: int) -> str:
@@ -153,7 +150,10 @@ class ConnectApp:
             self.spark.removeTag(tag)
 
     def cancel(self, tag: str) -> None:
-        self.spark.interruptTag(tag)
+        # one call, bounded: pyspark's interruptTag retries a server that is gone for ~10 minutes
+        client = self.spark.client
+        request = client._interrupt_request("tag", tag)
+        client._stub.Interrupt(request, metadata=client._builder.metadata(), timeout=CANCEL_CALL_S)
 
     def unship(self) -> None:
         pass  # the plan went with its operation; the server's task binary goes with its JVM's next clean-up

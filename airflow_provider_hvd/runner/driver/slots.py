@@ -56,13 +56,23 @@ def _busy_note(busy: int) -> str:
     return f", {busy} of them busy with its other jobs" if busy else ""
 
 
+_SIZE_SCALES = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def spark_bytes(size: str, unit: int) -> int | None:
+    """A size as Spark writes it (``4g``, ``512m``, ``32mb``, ``100b``; a bare number counts ``unit`` bytes) in
+    bytes; None for a size Spark would refuse (e.g. ``128MiB``)."""
+    match = re.fullmatch(r"(\d+)\s*(?:([kmgtp])b?|(b))?", size.strip().lower())
+    if match is None:
+        return None
+    suffix = match.group(2) or match.group(3)
+    return int(match.group(1)) * (_SIZE_SCALES[suffix] if suffix else unit)
+
+
 def jvm_mebibytes(size: str) -> int:
     """A JVM memory size as Spark writes it (``4g``, ``512m``, ``1024``: MiB without a unit) in MiB."""
-    match = re.fullmatch(r"(\d+)\s*([kmgtp]?)b?", size.strip().lower())
-    if match is None:
-        return 1024
-    scale = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}[match.group(2)]
-    return max(1, math.ceil(int(match.group(1)) * scale))
+    found = spark_bytes(size, 1 << 20)
+    return 1024 if found is None else max(1, math.ceil(found / (1 << 20)))
 
 
 def _gpus_of(worker: dict[str, Any]) -> int:

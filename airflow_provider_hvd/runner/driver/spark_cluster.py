@@ -98,10 +98,13 @@ def active_session() -> SparkSession:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    # a Connect session made in this thread first; a Connect session left from before does not hide a classic one
-    spark = _connect_session(default=False) or SparkSession.getActiveSession() or _connect_session(default=True)
+    # a Connect session active in this thread first (a hook gives the runner its session so); a Connect session
+    # left from before, or made in another thread (another hook's, which it stops), does not hide a classic one
+    spark = _connect_session(default=False) or SparkSession.getActiveSession()
     if spark is None and SparkContext._active_spark_context is not None:
         spark = SparkSession.builder.getOrCreate()
+    if spark is None:
+        spark = _connect_session(default=True)
     if spark is None:
         default_executor_python("local[*]")
         spark = (

@@ -35,6 +35,8 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 _TASK_FAILURE_POLL_S = 1.0
 _TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
+_JOB_END_WAIT_S = 60.0  # a cancelled job's end is waited for so long
+_CANCEL_AGAIN_S = 2.0  # the cancel is sent again while the job runs on
 
 
 def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
@@ -116,6 +118,7 @@ class SparkLauncher:
         self.cancelled = cancelled
         self.local = self.app.local
         self.driver = self.app.driver_address()  # a bad port setting fails here
+        self._memory = self._read_memory_settings()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
         self._task_failure: LaunchFailed | None = None
@@ -123,6 +126,7 @@ class SparkLauncher:
         self._status = self.app.status
         self._poll_error_logged = False
         self._stop_reason: str | None = None
+        self._cancel_sent = False
 
     def describe(self) -> str:
         if self.per_task == 1:
@@ -130,7 +134,12 @@ class SparkLauncher:
         return f"a Spark barrier job of {self.tasks} tasks of {self.per_task} ranks each {self.app.where()}"
 
     def memory_settings(self) -> dict[str, str]:
-        """The application's memory settings that bound a rank's memory, for a killed rank's evidence (.kills)."""
+        """The application's memory settings that bound a rank's memory, for a killed rank's evidence (.kills):
+        read as the launch begins, not when a rank is killed (over Spark Connect, a call to a server that may be
+        in trouble then)."""
+        return dict(self._memory)
+
+    def _read_memory_settings(self) -> dict[str, str]:
         conf = self.app.conf
         if self.local:  # the executors are threads of the driver's JVM; the ranks run beside it
             return {"spark.driver.memory": conf("spark.driver.memory") or "1g (default)"}
@@ -158,6 +167,8 @@ class SparkLauncher:
         )
 
     def _run_job(self, task: BarrierTask) -> None:
+        if self._cancel_sent:  # cancelled as it started: nothing to submit
+            return
         try:
             self.app.run_barrier(self.tasks, task, self.group, f"HorovodRunner: {self.size} ranks")
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
@@ -227,7 +238,14 @@ class SparkLauncher:
             return
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
-        if self._thread.is_alive():
-            self.app.cancel(self.group)
-        self._thread.join(timeout=60)
+        deadline = time.monotonic() + _JOB_END_WAIT_S
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            self._cancel_sent = True
+            try:
+                self.app.cancel(self.group)
+            except Exception as exc:  # noqa: BLE001 - the application is gone: so is its job
+                log.warning("HorovodRunner: could not cancel the Spark job: %s", summary(exc, first_line=True))
+                break
+            # a cancel that reached Spark before the job did cancelled nothing: again until the job has ended
+            self._thread.join(timeout=_CANCEL_AGAIN_S)
         self.app.unship()
