@@ -10,10 +10,10 @@ the application's page there, where the server's driver host and UI port answer 
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from airflow_provider_hvd.runner.driver.spark_cluster import session_conf, state_of, web_ui_of
@@ -27,7 +27,6 @@ HISTORY_SERVER_CONF = "spark.yarn.historyServer.address"
 YARN_PROXY_CONF = "spark.org.apache.hadoop.yarn.server.webproxy.amfilter.AmIpFilter.param.PROXY_URI_BASES"
 UI_PORT, PORT_RETRIES = 4040, 16  # Spark's defaults: the UI takes the first free port from 4040 on
 UI_PROBE_TIMEOUT_S = 3.0  # a UI's first answer can be slow on a loaded host
-UI_PROBE_DEADLINE_S = 5.0  # all the ports together: a host that drops packets must not hold the job back
 
 
 def lasting_ui_url(
@@ -83,15 +82,13 @@ def application_ui_url(sc: SparkContext, history_server: str | None = None) -> s
     )
 
 
-def _serves_application(ui: str, app_id: str, timeout: float) -> bool | None:
-    """Whether the Spark UI at ``ui`` is ``app_id``'s; None where nothing answers there (refused, or silent)."""
+def _serves_application(ui: str, app_id: str) -> bool | None:
+    """Whether the Spark UI at ``ui`` is ``app_id``'s; None where nothing listens there."""
     try:
-        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=timeout) as resp:
+        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=UI_PROBE_TIMEOUT_S) as resp:
             apps = json.load(resp)
     except urllib.error.URLError as exc:
-        return None if isinstance(exc.reason, (ConnectionRefusedError, TimeoutError)) else False
-    except TimeoutError:  # connected, then no answer
-        return None
+        return None if isinstance(exc.reason, ConnectionRefusedError) else False
     except (OSError, ValueError):
         return False
     return isinstance(apps, list) and any(isinstance(app, dict) and app.get("id") == app_id for app in apps)
@@ -103,9 +100,8 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
     As :func:`lasting_ui_url` for the server's application (a History Server, YARN's proxy, the standalone
     master's application page), else the server's own UI: from ``spark.driver.host`` and ``spark.ui.port`` on,
     the port whose ``/api/v1/applications`` lists the application (another application's UI may hold a port; the
-    first port where nothing answers ends it).
+    first port where nothing listens ends it).
     """
-
     conf = session_conf(spark)
     app_id = conf("spark.app.id")
     if not app_id:
@@ -122,14 +118,15 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
 
 
 def server_ui_url(host: str, first: int, retries: int, app_id: str) -> tuple[str | None, str]:
-    """The jobs page of the UI on ``host`` that lists ``app_id``, from port ``first`` up to ``first + retries``,
-    and why there is none when it is None: the first port where nothing answers ends it, and
-    :data:`UI_PROBE_DEADLINE_S` all of it."""
-    deadline = time.monotonic() + UI_PROBE_DEADLINE_S
-    for port in range(first, first + retries + 1):
-        ui = f"http://{host}:{port}"
-        left = deadline - time.monotonic()
-        serves = _serves_application(ui, app_id, min(UI_PROBE_TIMEOUT_S, left)) if left > 0 else None
+    """The jobs page of the UI on ``host`` that lists ``app_id``, from port ``first`` up to ``first + retries``
+    (the first port where nothing listens ends it), and why there is none when it is None.
+
+    The ports are asked at once: a host that drops packets costs one probe's timeout, not one per port.
+    """
+    uis = [f"http://{host}:{port}" for port in range(first, first + retries + 1)]
+    with ThreadPoolExecutor(min(len(uis), PORT_RETRIES + 1), thread_name_prefix="hvd-ui-probe") as probes:
+        answers = list(probes.map(lambda ui: _serves_application(ui, app_id), uis))
+    for ui, serves in zip(uis, answers, strict=True):
         if serves:
             return f"{ui}/jobs/", ""
         if serves is None:
