@@ -90,7 +90,7 @@ def connect_local(tmp_path_factory):
         "spark.authenticate": "true",
         "spark.connect.grpc.maxInboundMessageSize": "32m",
     }
-    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-local"), "local[2]", **settings).start()
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-local"), "local[2]", **settings).start().warm()
     yield server.url
     server.stop()
 
