@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 
 import psutil
@@ -60,10 +61,13 @@ def barrier_job_runs(spark, tasks: int = 2) -> bool:
 
 
 def our_processes() -> list[psutil.Process]:
-    """This runner's processes on this host beside this test process: agents' reapers and rank processes."""
+    """This runner's processes on this host beside this test process: agents' reapers and rank processes, of
+    this checkout's interpreter (another checkout's test run on the machine has its own)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
+        if sys.executable not in cmdline:
+            continue
         if "airflow_provider_hvd.runner.reaper" in cmdline or "airflow_provider_hvd.runner.rank" in cmdline:
             found.append(proc)
     return found

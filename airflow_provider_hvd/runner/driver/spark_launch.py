@@ -239,13 +239,11 @@ class SparkLauncher:
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
         deadline = time.monotonic() + _JOB_END_WAIT_S
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            self._cancel_sent = True
-            try:
-                self.app.cancel(self.group)
-            except Exception as exc:  # noqa: BLE001 - the application is gone: so is its job
-                log.warning("HorovodRunner: could not cancel the Spark job: %s", summary(exc, first_line=True))
-                break
-            # a cancel that reached Spark before the job did cancelled nothing: again until the job has ended
-            self._thread.join(timeout=_CANCEL_AGAIN_S)
-        self.app.unship()
+        try:
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                self._cancel_sent = True
+                self.app.cancel(self.group)  # its error (the application gone) ends the wait: the caller logs it
+                # a cancel that reached Spark before the job did cancelled nothing: again until the job has ended
+                self._thread.join(timeout=_CANCEL_AGAIN_S)
+        finally:
+            self.app.unship()
