@@ -46,6 +46,7 @@ from airflow_provider_hvd.runner.shared.messages import (
     decode,
     frame,
 )
+from airflow_provider_hvd.runner.shared.naming import HOROVOD_RUNNER
 from airflow_provider_hvd.runner.shared.wire import NONCE_BYTES, PROOF_BYTES, FrameDecoder, agent_answer
 
 
@@ -220,6 +221,7 @@ class SimulatedLauncher:
     """A Launcher whose agents are simulated in one child process (see the module's docstring)."""
 
     driver = LOOPBACK_DRIVER
+    naming = HOROVOD_RUNNER
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario

@@ -116,6 +116,16 @@ def test_missing_connection_says_how_to_define_it(monkeypatch):
         HorovodHook("training_cluster").resolve()
 
 
+def test_a_missing_connection_names_the_runner_that_needs_it(monkeypatch):
+    from airflow_provider_hvd import TorchDistributor
+
+    monkeypatch.delenv("AIRFLOW_CONN_TRAINING_CLUSTER", raising=False)
+    runner = TorchDistributor(2, local_mode=False, use_gpu=False)
+    with pytest.raises(AirflowNotFoundException, match="Define it with the master TorchDistributor should use") as no:
+        HorovodHook("training_cluster").run_job(runner, lambda: None, local=False)
+    assert "Horovod" not in str(no.value), no.value
+
+
 @pytest.mark.parametrize(
     ("connection", "message"),
     [

@@ -163,3 +163,30 @@ def hang_in_a_collective() -> None:
     if dist.get_rank() == 1:
         threading.Event().wait()
     dist.all_reduce(torch.ones(1))
+
+
+def print_a_line() -> int:
+    """Each process prints one line (plain print, no torch.distributed) and returns its rank."""
+    rank = int(os.environ["RANK"])
+    print(f"process {rank} of {os.environ['WORLD_SIZE']} says hello")
+    return rank
+
+
+def kill_myself(rank: int, signum: int) -> None:
+    """Process ``rank`` sends itself ``signum`` (a signal from outside the run); the others wait for a minute."""
+    import signal
+    import time
+
+    if int(os.environ["RANK"]) == rank:
+        os.kill(os.getpid(), signal.Signals(signum))
+    time.sleep(60)
+
+
+def slow_to_exit(rank: int, seconds: float = 60.0) -> int:
+    """Returns at once; process ``rank``'s exit work (an atexit handler) then takes ``seconds``."""
+    import atexit
+    import time
+
+    if int(os.environ["RANK"]) == rank:
+        atexit.register(time.sleep, seconds)
+    return int(os.environ["RANK"])

@@ -216,8 +216,9 @@ class HorovodHook(BaseHook):
         try:
             return self.get_connection(self.conn_id)
         except AirflowNotFoundException:
+            runner = type(self._runner).__name__ if self._runner is not None else "HorovodRunner"
             raise AirflowNotFoundException(
-                f"The Spark connection {self.conn_id!r} is not defined. Define it with the master HorovodRunner "
+                f"The Spark connection {self.conn_id!r} is not defined. Define it with the master {runner} "
                 f"should use, e.g. AIRFLOW_CONN_{self.conn_id.upper()}='spark://spark-master:7077' or "
                 f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\', '
                 f"or `airflow connections add {self.conn_id} --conn-type spark --conn-host 'local[*]'`; for a "

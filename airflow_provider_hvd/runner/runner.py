@@ -25,6 +25,7 @@ from .driver.spark_launch import SparkLauncher
 from .driver.stalls import CodeFiles, check_stall_timeout
 from .errors import RunCancelledError
 from .shared.liveness import liveness_settings, warn_if_gloo_first
+from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
 
 if TYPE_CHECKING:
@@ -84,7 +85,10 @@ class _Run:
 
 class _Runner:
     """The run path that :class:`HorovodRunner` and ``TorchDistributor`` share: one supervised run of ``main``
-    on the ranks of the launcher and the rank kind each of them gives (:mod:`.driver.rank_kinds`)."""
+    on the ranks of the launcher and the rank kind each of them gives (:mod:`.driver.rank_kinds`). Each run's
+    texts name the runner and its parameters as its ``naming`` spells them (:mod:`.shared.naming`)."""
+
+    naming: RunnerNaming
 
     start_timeout_s: float = 120.0
     #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
@@ -154,16 +158,20 @@ class _Runner:
         if first and self._cancel_first_run:  # (read after the append: cancel() sees the run, or this its flag)
             run.cancelled = True
         try:
-            payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes)
+            runner = self.naming.runner
+            payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes, runner=runner)
             if run.cancelled:
-                raise RunCancelledError(f"{type(self).__name__}: the run was cancelled before its ranks started")
+                raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
             kind = self._rank_kind()
             launcher, conf, channel_tls = self._launcher(run)
             if channel_tls:
-                warn_if_spark_encrypted(conf, type(self).__name__, kind.unencrypted)
-            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s)
-            warn_if_gloo_first(liveness, os.environ)
-            progress = RunProgress(self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from)
+                warn_if_spark_encrypted(conf, runner, kind.unencrypted)
+            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s, runner)
+            if kind.name == "Horovod":  # (Horovod's Gloo timeout; torch's own default is 30 minutes)
+                warn_if_gloo_first(liveness, os.environ)
+            progress = RunProgress(
+                self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from, runner
+            )
             with contextlib.ExitStack() as ending:
                 tracking = self._start_mlflow_run(launcher.size, conf)
                 if tracking is not None:  # ended as the run ends, also by what raises before the ranks start
@@ -185,7 +193,7 @@ class _Runner:
                 )
                 del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
                 if self.resume_from is not None:
-                    log.info("%s: resuming from %s", type(self).__name__, describe_checkpoint(self.resume_from))
+                    log.info("%s: resuming from %s", runner, describe_checkpoint(self.resume_from))
                 with _rank_logs_visible():
                     try:
                         return supervisor.run()
@@ -202,7 +210,7 @@ class _Runner:
         """The run's MLflow run when ``mlflow`` is set and its tracking server made it (else one warning)."""
         if self.mlflow is None:
             return None
-        name = type(self).__name__
+        name = self.naming.runner
         tracking = start_mlflow_run(
             self.mlflow, name, size, self._mlflow_params(), conf("spark.app.id"), self.metrics_rank
         )
@@ -274,6 +282,8 @@ class HorovodRunner(_Runner):
         name it (None when there is none). See docs/mlflow-openlineage.md.
     """
 
+    naming = HOROVOD_RUNNER
+
     def __init__(
         self,
         *,
@@ -319,7 +329,7 @@ class HorovodRunner(_Runner):
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         if self.num_processor < 0:
             return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
-        spark = active_session()
+        spark = active_session(self.naming.runner)
         launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
         conf = session_conf(spark)
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

@@ -24,6 +24,7 @@ from .errors import LaunchError
 from .rank.script import run_script
 from .runner import _Run, _Runner, check_fits
 from .shared.gpus import host_gpus
+from .shared.naming import TORCH_DISTRIBUTOR
 
 if TYPE_CHECKING:
     from .driver.rank_kinds import RankKind
@@ -60,6 +61,8 @@ class TorchDistributor(_Runner):
     After :meth:`run` (also one that raised), ``metrics``, ``checkpoint``, ``mlflow_run_id`` and ``mlflow_run_url``
     are as :class:`HorovodRunner`'s.
     """
+
+    naming = TORCH_DISTRIBUTOR
 
     def __init__(
         self,
@@ -116,8 +119,9 @@ class TorchDistributor(_Runner):
 
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         if self.local_mode:
-            return LocalLauncher(self._local_processes(), use_gpus=self.use_gpu), lambda key: None, False
-        spark = active_session()
+            local = LocalLauncher(self._local_processes(), self.use_gpu, self.naming)
+            return local, lambda key: None, False
+        spark = active_session(self.naming.runner)
         conf = session_conf(spark)
         per_task = self._processes_per_task(conf(TASK_GPUS)) if self.use_gpu else 1
         launcher = SparkLauncher(
@@ -127,6 +131,7 @@ class TorchDistributor(_Runner):
             cancelled=lambda: run.cancelled,
             per_task=per_task,
             use_gpus=self.use_gpu,
+            naming=self.naming,
         )
         from .driver.encryption import spark_encrypts
 
@@ -138,13 +143,14 @@ class TorchDistributor(_Runner):
         gpus, found_by = host_gpus()
         if not gpus:
             raise LaunchError(
-                f"TorchDistributor(use_gpu=True, local_mode=True) gives each process a GPU of this host, and it has "
-                f"none ({found_by}). Pass use_gpu=False to train on the CPU."
+                f"{self.naming.runner}(use_gpu=True, local_mode=True) gives each process a GPU of this host, and "
+                f"it has none ({found_by}). Pass use_gpu=False to train on the CPU."
             )
         if self.num_processes > len(gpus):
             log.warning(
-                "TorchDistributor: 'num_processes' cannot be set to a value greater than the number of available "
+                "%s: 'num_processes' cannot be set to a value greater than the number of available "
                 "GPUs on the driver, which is %d (%s); running %d processes",
+                self.naming.runner,
                 len(gpus),
                 found_by,
                 len(gpus),
@@ -166,7 +172,7 @@ class TorchDistributor(_Runner):
             )
         if self.num_processes % per_task:
             raise LaunchError(
-                f"TorchDistributor 'num_processes' value ({self.num_processes}) must be a multiple of "
+                f"{self.naming.runner} 'num_processes' value ({self.num_processes}) must be a multiple of "
                 f"'{TASK_GPUS}' ({per_task}) value: each task runs {per_task} processes, one GPU each."
             )
         return per_task

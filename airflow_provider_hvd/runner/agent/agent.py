@@ -49,6 +49,7 @@ from ..shared.messages import (
     receive,
     send,
 )
+from ..shared.naming import HOROVOD_RUNNER
 from ..shared.rank_tag import tagged
 from ..shared.timing import CONNECT_TIMEOUT_S, EXIT_AFTER_REPORT_S, REPORT_DELIVERY_S
 from ..shared.tls import connect_tls
@@ -83,6 +84,7 @@ class AgentArgs:
     )  # heartbeats with the driver (the run's settings, from the driver)
     activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
     tls_fingerprint: str | None = None  # the channel is TLS: the SHA-256 of the driver's certificate (..shared.tls)
+    runner: str = HOROVOD_RUNNER.runner  # the runner the user called, as the agent's own messages name it
 
 
 class AgentThreadFailed(RuntimeError):
@@ -167,7 +169,7 @@ class _RankProcess:
     def fail(self, exc: Exception) -> None:
         """An agent thread failed unexpectedly: end the rank; the agent reports the failure (AgentFailed)."""
         name = threading.current_thread().name
-        sys.stderr.write(f"HorovodRunner agent of rank {self.rank}: its thread {name} failed:\n")
+        sys.stderr.write(f"{self._args.runner} agent of rank {self.rank}: its thread {name} failed:\n")
         traceback.print_exception(exc, file=sys.stderr)
         if self.failure is None:
             self.failure = AgentThreadFailed(f"its thread {name} failed: {type(exc).__name__}: {exc}")
@@ -333,7 +335,7 @@ def _run_rank(
 ) -> threading.Thread:
     env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
     outbox = Outbox(stream)
-    reports = ReportSender(stream, start.rank)
+    reports = ReportSender(stream, start.rank, args.runner)
     memory = MemoryWatch()  # before the rank starts: an OOM kill while it runs shows as a difference
     rank_process: _RankProcess | None = None
     activity: ActivityReporter | None = None

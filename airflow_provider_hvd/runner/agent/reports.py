@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from ..shared.messages import Checkpoint, Message, Metrics, send
+from ..shared.naming import HOROVOD_RUNNER
 from ..shared.wire import FrameStream
 
 MAX_QUEUED_METRICS = 10_000
@@ -26,8 +27,9 @@ class ReportSender:
     is queued after it is dropped.
     """
 
-    def __init__(self, stream: FrameStream, rank: int) -> None:
+    def __init__(self, stream: FrameStream, rank: int, runner: str = HOROVOD_RUNNER.runner) -> None:
         self._stream = stream
+        self._runner = runner  # as its message names it
         self._rank = rank
         self.on_failure: Callable[[Exception], None] | None = None
         self._failed = False
@@ -49,7 +51,7 @@ class ReportSender:
                     self.metrics_dropped += 1
                     if self.metrics_dropped == 1:
                         sys.stderr.write(
-                            f"HorovodRunner agent of rank {self._rank}: the link to the driver is too slow for the "
+                            f"{self._runner} agent of rank {self._rank}: the link to the driver is too slow for the "
                             f"metrics; those past {MAX_QUEUED_METRICS} waiting are dropped\n"
                         )
                     return

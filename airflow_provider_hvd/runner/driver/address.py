@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import LaunchError
+from ..shared.naming import HOROVOD_RUNNER, TORCH_DISTRIBUTOR, RunnerNaming
 
 LOOPBACK = "127.0.0.1"
 CHANNEL_PORT_CONF = "spark.horovodRunner.channelPort"
@@ -41,7 +42,8 @@ class Listener:
 
 
 CHANNEL = Listener("driver channel", CHANNEL_PORT_CONF)
-RENDEZVOUS = Listener("Gloo rendezvous", RENDEZVOUS_PORT_CONF)
+RENDEZVOUS = Listener(HOROVOD_RUNNER.rendezvous, RENDEZVOUS_PORT_CONF)
+STORE = Listener(TORCH_DISTRIBUTOR.rendezvous, RENDEZVOUS_PORT_CONF)  # torch.distributed's, at the same port setting
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class DriverAddress:
     channel_port: int = 0  # 0: any free port
     rendezvous_port: int = 0
     address_settings: str = ""  # the settings ``bind`` comes from, named in errors ("" for the fixed loopback)
+    naming: RunnerNaming = HOROVOD_RUNNER  # the runner whose run listens, as its errors name it
 
     def port_of(self, listener: Listener) -> int:
         return self.channel_port if listener is CHANNEL else self.rendezvous_port
@@ -63,13 +66,13 @@ class DriverAddress:
         try:
             return open_(self.bind, port)
         except OSError as exc:
-            where = f"HorovodRunner cannot listen for its {listener.what} on {self.bind}:{port}"
+            where = f"{self.naming.runner} cannot listen for its {listener.what} on {self.bind}:{port}"
             setting = f"{listener.port_setting}={port}"
             if exc.errno == errno.EADDRINUSE:
                 raise LaunchError(
-                    f"{where} ({setting}): the port is in use, by another process or by another HorovodRunner run "
-                    "(a fixed port serves one run at a time). Free it, choose another port, or set "
-                    f"{listener.port_setting}=0 (any free port)."
+                    f"{where} ({setting}): the port is in use, by another process or by another "
+                    f"{self.naming.runner} run (a fixed port serves one run at a time). Free it, choose another "
+                    f"port, or set {listener.port_setting}=0 (any free port)."
                 ) from exc
             settings = ", ".join(filter(None, [self.address_settings, setting if port else ""]))
             raise LaunchError(
@@ -105,17 +108,17 @@ def parse_port(conf: Callable[[str], str | None], setting: str) -> int:
     return port
 
 
-def _ports(conf: Callable[[str], str | None]) -> tuple[int, int]:
+def _ports(conf: Callable[[str], str | None], naming: RunnerNaming) -> tuple[int, int]:
     channel, rendezvous = parse_port(conf, CHANNEL_PORT_CONF), parse_port(conf, RENDEZVOUS_PORT_CONF)
     if channel and channel == rendezvous:
         raise LaunchError(
-            f"{CHANNEL_PORT_CONF} and {RENDEZVOUS_PORT_CONF} are both {channel}: the driver channel and the Gloo "
-            "rendezvous need a port each."
+            f"{CHANNEL_PORT_CONF} and {RENDEZVOUS_PORT_CONF} are both {channel}: the driver channel and the "
+            f"{naming.rendezvous} need a port each."
         )
     return channel, rendezvous
 
 
-def route_address(host: str) -> str:
+def route_address(host: str, naming: RunnerNaming = HOROVOD_RUNNER) -> str:
     """This host's address on its route to ``host`` (no packet is sent: a UDP socket's connect picks the route)."""
     try:
         family, kind, proto, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
@@ -124,12 +127,14 @@ def route_address(host: str) -> str:
             return str(sock.getsockname()[0])
     except OSError as exc:
         raise LaunchError(
-            f"HorovodRunner cannot tell this host's address on its route to the Spark Connect server {host} "
+            f"{naming.runner} cannot tell this host's address on its route to the Spark Connect server {host} "
             f"({exc}): set {CONNECT_HOST_CONF} to the address the server's executors reach this host at."
         ) from exc
 
 
-def connect_driver_address(conf: Callable[[str], str | None], server_host: str, local: bool) -> DriverAddress:
+def connect_driver_address(
+    conf: Callable[[str], str | None], server_host: str, local: bool, naming: RunnerNaming = HOROVOD_RUNNER
+) -> DriverAddress:
     """The driver's address over Spark Connect: the agents reach this process, the client, not the server's
     driver.
 
@@ -138,28 +143,30 @@ def connect_driver_address(conf: Callable[[str], str | None], server_host: str, 
     reached over loopback runs on this host: its executors on a local master reach loopback, those of a cluster
     the address its own driver gave them (``spark.driver.host``, an address of this host).
     """
-    channel, rendezvous = _ports(conf)
+    channel, rendezvous = _ports(conf, naming)
     host, bind = conf(CONNECT_HOST_CONF), conf(CONNECT_BIND_CONF)
     if not host:
-        host = route_address(server_host)
+        host = route_address(server_host, naming)
         if ipaddress.ip_address(host.split("%")[0]).is_loopback and not local:
             host = conf(HOST_CONF) or socket.gethostname()
         settings = f"{CONNECT_BIND_CONF}={bind}" if bind else f"this host's address on its route to {server_host}"
     else:
         settings = f"{CONNECT_BIND_CONF}={bind}" if bind else f"{CONNECT_HOST_CONF}={host}"
-    return DriverAddress(host, bind or host, channel, rendezvous, settings)
+    return DriverAddress(host, bind or host, channel, rendezvous, settings, naming)
 
 
-def spark_driver_address(conf: Callable[[str], str | None], local: bool) -> DriverAddress:
+def spark_driver_address(
+    conf: Callable[[str], str | None], local: bool, naming: RunnerNaming = HOROVOD_RUNNER
+) -> DriverAddress:
     """The driver's address from the Spark conf (``conf(key)`` is the value or None).
 
     On a local master the executors are on this host: the driver listens on loopback, whatever
     ``spark.driver.host`` (Spark sets it to a network address of this host) and ``spark.driver.bindAddress``.
     """
-    channel, rendezvous = _ports(conf)
+    channel, rendezvous = _ports(conf, naming)
     if local:
-        return DriverAddress(LOOPBACK, LOOPBACK, channel, rendezvous)
+        return DriverAddress(LOOPBACK, LOOPBACK, channel, rendezvous, naming=naming)
     host = conf(HOST_CONF) or socket.gethostname()
     bind = conf(BIND_ADDRESS_CONF)
     settings = f"{BIND_ADDRESS_CONF}={bind}" if bind else f"{HOST_CONF}={host}"
-    return DriverAddress(host, bind or host, channel, rendezvous, settings)
+    return DriverAddress(host, bind or host, channel, rendezvous, settings, naming)

@@ -52,6 +52,7 @@ from ..shared.messages import (
     decode,
     frame,
 )
+from ..shared.naming import HOROVOD_RUNNER
 from ..shared.rank_tag import RANK_LINE, RANK_TAG
 from ..shared.timing import SEND_TIMEOUT_S
 from ..shared.tls import PLAIN, Session, server_session
@@ -199,7 +200,7 @@ class AgentConnection:
         return data[need:]
 
 
-def make_room_for_connections(count: int) -> None:
+def make_room_for_connections(count: int, runner: str = HOROVOD_RUNNER.runner) -> None:
     """Raise this process's soft limit on open files, up to its hard limit, if ``count`` more connections
     would not fit under it (the common default of 1,024 does not hold a run of 1,000 ranks)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -214,8 +215,9 @@ def make_room_for_connections(count: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
     if raised < needed:
         log.warning(
-            "HorovodRunner: this process may open %d files (its hard limit), and %d agent connections need about "
+            "%s: this process may open %d files (its hard limit), and %d agent connections need about "
             "%d: raise the limit (ulimit -n) for runs this large",
+            runner,
             hard,
             count,
             needed,
@@ -251,9 +253,11 @@ class DriverChannel:
         port: int = 0,
         liveness: Liveness | None = None,
         tls: ssl.SSLContext | None = None,
+        runner: str = HOROVOD_RUNNER.runner,
     ) -> None:
         self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)  # first: nothing to undo if taken
-        make_room_for_connections(agents)
+        self._runner = runner  # the first word of its log lines
+        make_room_for_connections(agents, self._runner)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
         self.on_progress: Callable[[int | None, Message], None] | None = None  # a rank's metrics or checkpoint
         self._secret = secret
@@ -292,7 +296,7 @@ class DriverChannel:
                 self._update_listening()
         except Exception as exc:  # a bug here must end the run, not leave it waiting forever
             failure = exc
-            log.exception("HorovodRunner: the driver channel failed")
+            log.exception("%s: the driver channel failed", self._runner)
         finally:
             for key in list(self._selector.get_map().values()):
                 if isinstance(key.data, AgentConnection):
@@ -335,8 +339,9 @@ class DriverChannel:
         if self._pending >= MAX_PENDING_HANDSHAKES and not self._warned_full:
             self._warned_full = True
             log.warning(
-                "HorovodRunner: %d connections are proving the secret at once, the most the driver channel serves "
+                "%s: %d connections are proving the secret at once, the most the driver channel serves "
                 "together; more wait until one does or times out (%.0fs)",
+                self._runner,
                 self._pending,
                 wire.HANDSHAKE_TIMEOUT_S,
             )
@@ -349,7 +354,7 @@ class DriverChannel:
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.error("HorovodRunner: the driver cannot accept more agent connections for now: %s", exc)
+                    log.error("%s: the driver cannot accept more agent connections for now: %s", self._runner, exc)
                     self._fd_pause_until = time.monotonic() + _FD_PAUSE_S
                 return  # (ECONNABORTED and the like: that connection is gone)
             sock.settimeout(SEND_TIMEOUT_S)  # reads happen only when the selector says there is data
@@ -420,7 +425,7 @@ class DriverChannel:
 
     def _reject(self, conn: AgentConnection, why: object) -> None:
         if not self._closed:
-            log.warning("HorovodRunner: rejected a connection from %s to the driver channel: %s", conn.peer, why)
+            log.warning("%s: rejected a connection from %s to the driver channel: %s", self._runner, conn.peer, why)
         self._drop(conn)
 
     def _drop(self, conn: AgentConnection) -> None:
@@ -478,7 +483,7 @@ class DriverChannel:
                     return
                 self._beat_while_busy()
         except Exception as exc:  # noqa: BLE001 - a malformed frame from an authenticated agent is a bug: say so
-            log.exception("HorovodRunner: broken frame from the agent at %s", conn.peer)
+            log.exception("%s: broken frame from the agent at %s", self._runner, conn.peer)
             self._lost(conn, f"broken frame: {exc!r}")
 
     def _on_message(self, conn: AgentConnection, message: Message) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError
+from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .address import DriverAddress, connect_driver_address
 from .slots import check_connect_slots, jvm_mebibytes, spark_bytes
 from .spark_app import BarrierTask, JobStatus
@@ -116,8 +117,9 @@ def job_too_large(size: int, limit: int, bound_by: str, url: str) -> LaunchError
 class ConnectApp:
     """A Spark Connect session's application, as :class:`.spark_launch.SparkLauncher` uses it."""
 
-    def __init__(self, spark: SparkSession, tag: str) -> None:
+    def __init__(self, spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> None:
         self.spark = spark
+        self.naming = naming
         self.url = server_url(spark)
         self.conf = session_conf(spark)
         self.master = self.conf("spark.master") or ""
@@ -130,10 +132,10 @@ class ConnectApp:
         return f"over Spark Connect {self.url} ({self.master})"
 
     def driver_address(self) -> DriverAddress:
-        return connect_driver_address(self.conf, self.spark.client.host, self.local)
+        return connect_driver_address(self.conf, self.spark.client.host, self.local, self.naming)
 
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
-        check_connect_slots(self.master, self.conf, tasks, self.where())
+        check_connect_slots(self.master, self.conf, tasks, self.where(), self.naming)
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         limit, bound_by = job_limit(self.conf)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from ..shared.naming import HOROVOD_RUNNER
 from ..shared.timing import DEFAULT_EXIT_TIMEOUT_S as DEFAULT_EXIT_TIMEOUT_S  # (imported from here too)
 
 
@@ -25,14 +26,14 @@ def check_exit_timeout(exit_timeout: float | timedelta) -> float:
     return float(seconds)
 
 
-def still_exiting(rank: int | None, where: str, seconds: float) -> str:
+def still_exiting(rank: int | None, where: str, seconds: float, runner: str = HOROVOD_RUNNER.runner) -> str:
     """The warning about a rank ended because its exit work outlasted ``exit_timeout``."""
     return (
-        f"HorovodRunner: rank {rank} {where} was still exiting {seconds:g}s after every rank returned "
+        f"{runner}: rank {rank} {where} was still exiting {seconds:g}s after every rank returned "
         "(exit_timeout): its exit work (atexit handlers, trackers' flushes...) is ended; the run succeeded"
     )
 
 
-def exit_failed(rank: int | None, where: str, how: str) -> str:
+def exit_failed(rank: int | None, where: str, how: str, runner: str = HOROVOD_RUNNER.runner) -> str:
     """The warning about a rank whose process failed in its exit work, after its ``main`` returned."""
-    return f"HorovodRunner: rank {rank} {where} returned, then its process {how} in its exit work (atexit handlers...)"
+    return f"{runner}: rank {rank} {where} returned, then its process {how} in its exit work (atexit handlers...)"

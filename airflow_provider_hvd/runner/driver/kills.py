@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..shared.naming import HOROVOD_RUNNER
+
 _ELSEWHERE = "the cluster manager enforcing a limit, e.g. YARN's memory check or Kubernetes' eviction, or a person"
 _CRASHES = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"}
 _ADVICE = (
@@ -43,7 +45,7 @@ def _limits(evidence: dict[str, Any]) -> str:
     return "; ".join(parts) if parts else "none could be read"
 
 
-def describe_kill(evidence: dict[str, Any]) -> str:
+def describe_kill(evidence: dict[str, Any], runner: str = HOROVOD_RUNNER.runner) -> str:
     """The likely cause of a rank's death by a signal, with the evidence (one paragraph)."""
     name = evidence.get("signal", "a signal")
     if name in _CRASHES:
@@ -51,7 +53,7 @@ def describe_kill(evidence: dict[str, Any]) -> str:
     if name == "SIGABRT":
         return "Likely cause: native code aborted (a failed check or an uncaught C++ exception); see its output."
     if name != "SIGKILL":
-        return f"{name} came from outside HorovodRunner (the cluster manager, the container's stop, or a person)."
+        return f"{name} came from outside {runner} (the cluster manager, the container's stop, or a person)."
     cgroup_kills, host_kills = evidence.get("cgroup_oom_kills"), evidence.get("host_oom_kills")
     kernel = evidence.get("kernel_log") or []
     seen = []

@@ -5,6 +5,7 @@ The agents share the driver's one copy of the pickled job: each writes it to its
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -12,6 +13,7 @@ from ..agent.agent import AgentArgs, run_agent
 from ..errors import LaunchError
 from ..shared.gpus import GPU, host_gpus
 from ..shared.messages import Hello
+from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .address import LOOPBACK_DRIVER
 from .outcome import LaunchFailed
 
@@ -19,10 +21,15 @@ from .outcome import LaunchFailed
 class LocalLauncher:
     """Starts ``size`` agents on this host; every rank's output reaches the driver, as in sparkdl."""
 
-    driver = LOOPBACK_DRIVER  # any free ports
-
-    def __init__(self, size: int, use_gpus: bool = True) -> None:
+    def __init__(
+        self,
+        size: int,
+        use_gpus: bool = True,
+        naming: RunnerNaming = HOROVOD_RUNNER,
+    ) -> None:
         self.size = size
+        self.naming = naming
+        self.driver = dataclasses.replace(LOOPBACK_DRIVER, naming=naming)  # any free ports
         self.gpus, self._gpus_from = host_gpus() if use_gpus else ([], "")  # without: the ranks' own CUDA settings
         self._threads: list[threading.Thread] = []
         self._failure: BaseException | None = None
@@ -33,10 +40,11 @@ class LocalLauncher:
     def check_slots(self) -> None:
         """One GPU per rank on a host with GPUs; the cores may be oversubscribed, as sparkdl's are."""
         if self.gpus and self.size > len(self.gpus):
+            fewer = self.naming.local_args(len(self.gpus))
             raise LaunchError(
-                f"HorovodRunner(np=-{self.size}) runs {self.size} ranks on this host, one GPU each, but it has "
-                f"{len(self.gpus)} GPU(s) ({self._gpus_from}). Use np=-{len(self.gpus)} or fewer, or a Spark "
-                "cluster (np>0)."
+                f"{self.naming.local_call(self.size)} runs {self.size} ranks on this host, one GPU each, but it has "
+                f"{len(self.gpus)} GPU(s) ({self._gpus_from}). Use {fewer} or fewer, or a Spark cluster "
+                f"({self.naming.on_spark})."
             )
 
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..rank.progress import LAST_CHECKPOINT_ENV, RESERVED_INFO
 from ..shared.messages import Checkpoint, Message, Metrics
+from ..shared.naming import HOROVOD_RUNNER
 from ..shared.timing import FINAL_WRITE_S
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -216,8 +217,10 @@ class RunProgress:
         sink: ProgressSink | None = None,
         interval_s: float = 5.0,
         resume_from: dict[str, Any] | None = None,
+        runner: str = HOROVOD_RUNNER.runner,
     ) -> None:
         self.rank = rank
+        self._runner = runner  # the first word of its log lines
         self.history = MetricsHistory()
         self.checkpoint: dict[str, Any] | None = None
         self.resume_from = resume_from
@@ -249,9 +252,9 @@ class RunProgress:
                 with self._lock:
                     self.checkpoint = record
                     self._due["checkpoint"].dirty = True
-                log.info("HorovodRunner: rank %s reported the checkpoint %s", rank, describe_checkpoint(record))
+                log.info("%s: rank %s reported the checkpoint %s", self._runner, rank, describe_checkpoint(record))
         except Exception:  # noqa: BLE001
-            log.exception("HorovodRunner: could not take a progress report of rank %s", rank)
+            log.exception("%s: could not take a progress report of rank %s", self._runner, rank)
 
     def tick(self) -> None:
         """Let the write worker write what changed, each key at most once every ``interval_s`` (the
@@ -288,8 +291,9 @@ class RunProgress:
                 self._abandoned = True
                 self._warned = True  # the one warning: nothing more is said of a write that ends later
             log.warning(
-                "HorovodRunner: the run's progress store did not answer within %.0fs of the run's end: gave up "
+                "%s: the run's progress store did not answer within %.0fs of the run's end: gave up "
                 "on its write (the run's last %s may not be recorded)",
+                self._runner,
                 FINAL_WRITE_S,
                 " and ".join(left) or "progress",
             )
@@ -346,8 +350,9 @@ class RunProgress:
                     warn, self._warned = not self._warned, True
                 if warn:
                     log.warning(
-                        "HorovodRunner: could not record the run's progress (%s): %r; it is tried again "
+                        "%s: could not record the run's progress (%s): %r; it is tried again "
                         "(every %.0f-%.0fs, and at the run's end), the training goes on",
+                        self._runner,
                         key,
                         exc,
                         RETRY_FIRST_S,
@@ -355,10 +360,10 @@ class RunProgress:
                         exc_info=True,
                     )
                 else:
-                    log.debug("HorovodRunner: could not record the run's %s (try %d): %r", key, due.failures, exc)
+                    log.debug("%s: could not record the run's %s (try %d): %r", self._runner, key, due.failures, exc)
             else:
                 with self._lock:
                     self._writing = None
                     failures, due.failures, due.retry_at = due.failures, 0, float("-inf")
                 if failures:
-                    log.info("HorovodRunner: the run's %s is recorded (after %d failed tries)", key, failures)
+                    log.info("%s: the run's %s is recorded (after %d failed tries)", self._runner, key, failures)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import LaunchError
 from ..shared import torch_env
 from ..shared.messages import Hello
-from .address import RENDEZVOUS, DriverAddress
+from .address import RENDEZVOUS, STORE, DriverAddress
 
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
@@ -179,7 +179,7 @@ class TorchKind:
         return store
 
     def open(self, driver: DriverAddress) -> str:
-        self._store = driver.listen(RENDEZVOUS, self._serve)
+        self._store = driver.listen(STORE, self._serve)
         self._advertised, self._port = driver.advertised, int(self._store.port)
         return f"torch.distributed store (TCPStore) on {driver.describe(self._port)}"
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
 from ..shared.messages import Done, RemoteError
+from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .consequences import is_consequence_error
 from .kills import describe_kill
 from .outcome import (
@@ -111,17 +112,21 @@ def _other_line(event: Event, cause: Event | None) -> str | None:
 
 
 def run_error(
-    outcome: RunOutcome, spark_reason: SparkReason = lambda task: None, kind: str = "Horovod"
+    outcome: RunOutcome,
+    spark_reason: SparkReason = lambda task: None,
+    kind: str = "Horovod",
+    naming: RunnerNaming = HOROVOD_RUNNER,
 ) -> HorovodRunnerError | None:
     """The error the run raises (None: it succeeded). ``spark_reason`` says why Spark ended a task, if known;
-    ``kind`` names the ranks (``"Horovod rank 1 of 2 failed"``, ``"torch.distributed rank 1 of 2 failed"``)."""
+    ``kind`` names the ranks (``"Horovod rank 1 of 2 failed"``, ``"torch.distributed rank 1 of 2 failed"``),
+    ``naming`` the runner."""
     cause, others = outcome.verdict()
     if cause is None:
         return None
     if isinstance(cause, Cancelled):
-        return RunCancelledError("HorovodRunner: the run was cancelled; every rank was ended")
+        return RunCancelledError(f"{naming.runner}: the run was cancelled; every rank was ended")
     if isinstance(cause, Stalled):
-        return stall_error(cause)
+        return stall_error(cause, naming.runner)
     if isinstance(cause, StartTimedOut):
         return LaunchError(
             f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
@@ -137,7 +142,7 @@ def run_error(
     if isinstance(cause, AgentFailed):
         of_rank = f" of rank {cause.rank}" if cause.rank is not None else ""
         text = (
-            f"the HorovodRunner agent{of_rank} {cause.where} failed: {cause.error.line()}\n"
+            f"the {naming.runner} agent{of_rank} {cause.where} failed: {cause.error.line()}\n"
             f"--- the agent's traceback ---\n{cause.error.traceback.rstrip()}"
         )
         if before_start:
@@ -162,7 +167,7 @@ def run_error(
     if cause.after_return:
         parts[0] += " (after its main returned, in its exit work: atexit handlers...)"
     if cause.kill_evidence:
-        parts.append(describe_kill(cause.kill_evidence))
+        parts.append(describe_kill(cause.kill_evidence, naming.runner))
     if is_consequence_event(cause):
         reaction = "Horovod was shut down under this rank" if kind == "Horovod" else f"{kind} lost a peer of this rank"
         parts.append(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError, RunCancelledError
+from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, master_state_or_why, state_of
 
 if TYPE_CHECKING:
@@ -201,21 +202,26 @@ def total_unknown_note(sc: SparkContext) -> str:
 
 
 def never_fits_error(
-    master: str, size: int, total: int, conf: dict[str, str], state: dict[str, Any] | None
+    master: str,
+    size: int,
+    total: int,
+    conf: dict[str, str],
+    state: dict[str, Any] | None,
+    naming: RunnerNaming = HOROVOD_RUNNER,
 ) -> LaunchError:
-    """The refusal of a job of ``size`` ranks on a cluster of at most ``total`` slots."""
+    """The refusal of a job of ``size`` tasks on a cluster of at most ``total`` slots."""
     task_cpus = conf.get("spark.task.cpus") or 1
     return LaunchError(
-        f"HorovodRunner(np={size}) needs {size} Spark task slots at once (a barrier job starts all its tasks "
+        f"{naming.needs_slots(size)} at once (a barrier job starts all its tasks "
         f"together), but the cluster at {master} has {total} at most (spark.task.cpus={task_cpus})."
         f"{limits_note(state, conf, size)}"
-        f" Lower np to at most {total}, give the cluster more executors or cores (spark.executor.instances, "
-        "spark.executor.cores, spark.cores.max), or use np<0 to run on this host alone."
+        f" {naming.lower_to(total)}, give the cluster more executors or cores (spark.executor.instances, "
+        f"spark.executor.cores, spark.cores.max), or use {naming.on_this_host} to run on this host alone."
     )
 
 
-def _never_fits(sc: SparkContext, size: int, total: int) -> LaunchError:
-    return never_fits_error(sc.master or "", size, total, dict(sc.getConf().getAll()), master_state(sc))
+def _never_fits(sc: SparkContext, size: int, total: int, naming: RunnerNaming) -> LaunchError:
+    return never_fits_error(sc.master or "", size, total, dict(sc.getConf().getAll()), master_state(sc), naming)
 
 
 _CAPACITY_CONFS = (
@@ -236,7 +242,9 @@ def local_slots(master: str, task_cpus: int) -> int | None:
     return int(match.group(1) or 1) // task_cpus
 
 
-def check_connect_slots(master: str, conf: Callable[[str], str | None], size: int, where: str) -> None:
+def check_connect_slots(
+    master: str, conf: Callable[[str], str | None], size: int, where: str, naming: RunnerNaming = HOROVOD_RUNNER
+) -> None:
     """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
     (a local master's cores, a standalone master's ``/json/``). The free slots cannot be counted without a
     SparkContext: a busy application's barrier stage waits in Spark's scheduler, as long as the run's
@@ -249,10 +257,11 @@ def check_connect_slots(master: str, conf: Callable[[str], str | None], size: in
     else:
         total = None if state is None else standalone_capacity(state, settings)
     if total is not None and total < size:
-        raise never_fits_error(master, size, total, settings, state)
+        raise never_fits_error(master, size, total, settings, state, naming)
     log.info(
-        "HorovodRunner: %s: the free task slots cannot be counted over Spark Connect; the barrier job's %d tasks "
+        "%s: %s: the free task slots cannot be counted over Spark Connect; the barrier job's %d tasks "
         "start once Spark has %d free at once%s",
+        naming.runner,
         where,
         size,
         size,
@@ -265,6 +274,7 @@ def wait_for_slots(
     size: int,
     timeout: float = DEFAULT_SLOT_WAIT_S,
     cancelled: Callable[[], bool] = lambda: False,
+    naming: RunnerNaming = HOROVOD_RUNNER,
 ) -> None:
     """Return once the application has ``size`` free task slots (its executors' slots less those its running
     tasks hold); wait up to ``timeout`` seconds for a busy cluster or application.
@@ -278,7 +288,7 @@ def wait_for_slots(
         return
     total = slots_at_most(sc)
     if total is not None and total < size:
-        raise _never_fits(sc, size, total)
+        raise _never_fits(sc, size, total, naming)
     started = time.monotonic()
     next_report = started + min(FIRST_REPORT_S, REPORT_EVERY_S)
     while slots - busy < size:
@@ -287,24 +297,24 @@ def wait_for_slots(
             raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots on {sc.master}")
         if sc._jsc is None or sc._jsc.sc().isStopped():
             raise LaunchError(
-                f"the SparkContext on {sc.master} stopped while HorovodRunner waited for {size} task slots "
+                f"the SparkContext on {sc.master} stopped while {naming.runner} waited for {size} task slots "
                 "(did the master give up the application?); see Spark's log above"
             )
         if now - started >= timeout:
             unknown = total_unknown_note(sc) if total is None else ""
             raise LaunchError(
-                f"HorovodRunner(np={size}) waited {now - started:.0f}s for {size} free Spark task slots on "
-                f"{sc.master}, and the application has {slots}{_busy_note(busy)} (the cluster or the application "
+                f"{naming.call(size * naming.per_task)} waited {now - started:.0f}s for {size} free Spark task slots "
+                f"on {sc.master}, and the application has {slots}{_busy_note(busy)} (the cluster or the application "
                 f"is busy with other jobs, or its executors cannot start{'; ' + unknown if unknown else ''})."
                 f"{limits_note(master_state(sc), dict(sc.getConf().getAll()), size)} Wait longer (slot_wait_timeout, "
-                f"now {timeout:g}s), free the cluster, or lower np."
+                f"now {timeout:g}s), free the cluster, or lower {naming.size}."
             )
         if now >= next_report:
             unknown = total_unknown_note(sc) if total is None else ""
             at_most = f" of the {total} it could hold" if total is not None else f"; {unknown}" if unknown else ""
             log.warning(
-                "HorovodRunner: waiting for %d free Spark task slots on %s; the application has %d%s%s "
-                "(%.0fs waited, up to %gs)",
+                "%s: waiting for %d free Spark task slots on %s; the application has %d%s%s (%.0fs waited, up to %gs)",
+                naming.runner,
                 size,
                 sc.master,
                 slots,
@@ -316,6 +326,6 @@ def wait_for_slots(
             next_report = now + REPORT_EVERY_S
             total = slots_at_most(sc)  # workers may have come or gone
             if total is not None and total < size:
-                raise _never_fits(sc, size, total)
+                raise _never_fits(sc, size, total, naming)
         time.sleep(POLL_S)
         slots, busy = slots_now(sc), busy_slots(sc)

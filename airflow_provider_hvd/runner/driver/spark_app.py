@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .address import DriverAddress, spark_driver_address
 from .slots import wait_for_slots
 from .spark_cluster import is_connect, is_local
@@ -73,8 +74,9 @@ def read_broadcast(payload: Broadcast[bytes]) -> bytes:
 class ClassicApp:
     """A SparkContext in this process: the job is a broadcast, the barrier job an RDD's in a job group."""
 
-    def __init__(self, sc: SparkContext, group: str) -> None:
+    def __init__(self, sc: SparkContext, group: str, naming: RunnerNaming = HOROVOD_RUNNER) -> None:
         self.sc = sc
+        self.naming = naming
         self.master = sc.master or ""
         self.local = self.shares_stderr = is_local(self.master)
         self.status: JobStatus = BarrierJobStatus(sc, group)
@@ -87,10 +89,10 @@ class ClassicApp:
         return f"on {self.sc.master}"
 
     def driver_address(self) -> DriverAddress:
-        return spark_driver_address(self.conf, self.local)
+        return spark_driver_address(self.conf, self.local, self.naming)
 
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
-        wait_for_slots(self.sc, tasks, timeout, cancelled)
+        wait_for_slots(self.sc, tasks, timeout, cancelled, self.naming)
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept
@@ -125,10 +127,11 @@ class ClassicApp:
         )
 
 
-def spark_app(spark: SparkSession, tag: str) -> SparkApp:
-    """The application of ``spark``: a Spark Connect session's, or a classic session's SparkContext."""
+def spark_app(spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> SparkApp:
+    """The application of ``spark``: a Spark Connect session's, or a classic session's SparkContext; its texts
+    name the runner as ``naming`` says."""
     if is_connect(spark):
         from .connect_job import ConnectApp
 
-        return ConnectApp(spark, tag)  # type: ignore[arg-type]  # (is_connect: it is one)
-    return ClassicApp(spark.sparkContext, tag)
+        return ConnectApp(spark, tag, naming)  # type: ignore[arg-type]  # (is_connect: it is one)
+    return ClassicApp(spark.sparkContext, tag, naming)

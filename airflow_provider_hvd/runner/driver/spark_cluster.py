@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..shared.naming import HOROVOD_RUNNER
+
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -93,8 +95,10 @@ def _connect_session(default: bool) -> SparkSession | None:
     return session  # type: ignore[return-value]  # (a Connect session has the classic one's API)
 
 
-def active_session() -> SparkSession:
-    """The active SparkSession (classic, or Spark Connect), or a new one on ``local[*]`` when there is none."""
+def existing_session() -> SparkSession | None:
+    """The active SparkSession (classic, or Spark Connect), or None when there is none (none is started)."""
+    if "pyspark" not in sys.modules:  # nothing made one: no need to import pyspark (and start nothing)
+        return None
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -105,11 +109,20 @@ def active_session() -> SparkSession:
         spark = SparkSession.builder.getOrCreate()
     if spark is None:
         spark = _connect_session(default=True)
+    return spark
+
+
+def active_session(app_name: str = HOROVOD_RUNNER.runner) -> SparkSession:
+    """The active SparkSession (classic, or Spark Connect), or a new one on ``local[*]`` named ``app_name``
+    when there is none."""
+    from pyspark.sql import SparkSession
+
+    spark = existing_session()
     if spark is None:
         default_executor_python("local[*]")
         spark = (
             SparkSession.builder.master("local[*]")
-            .appName("HorovodRunner")
+            .appName(app_name)
             .config(
                 "spark.ui.showConsoleProgress",
                 "false",  # a progress bar is noise in a task log

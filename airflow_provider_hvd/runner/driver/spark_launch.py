@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..agent.agent import AgentArgs, run_agent
 from ..shared.gpus import GPU
 from ..shared.messages import Hello
+from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .outcome import LaunchFailed
 from .slots import DEFAULT_SLOT_WAIT_S
 from .spark_app import BarrierTask, spark_app
@@ -107,9 +108,11 @@ class SparkLauncher:
         cancelled: Callable[[], bool] = lambda: False,
         per_task: int = 1,
         use_gpus: bool = True,
+        naming: RunnerNaming = HOROVOD_RUNNER,
     ) -> None:
-        self.group = f"horovod-runner-{uuid.uuid4().hex[:12]}"
-        self.app = spark_app(spark, self.group)
+        self.naming = dataclasses.replace(naming, per_task=per_task)  # (its texts count the ranks of a task)
+        self.group = f"{naming.job_group}-{uuid.uuid4().hex[:12]}"
+        self.app = spark_app(spark, self.group, self.naming)
         self.size = size  # ranks: agents
         self.per_task = per_task  # ranks (agents) in each task
         self.tasks = size // per_task
@@ -170,7 +173,7 @@ class SparkLauncher:
         if self._cancel_sent:  # cancelled as it started: nothing to submit
             return
         try:
-            self.app.run_barrier(self.tasks, task, self.group, f"HorovodRunner: {self.size} ranks")
+            self.app.run_barrier(self.tasks, task, self.group, f"{self.naming.runner}: {self.size} ranks")
         except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
             self._failure = exc
 
@@ -213,7 +216,9 @@ class SparkLauncher:
             if not self._poll_error_logged:  # the channel still watches the ranks: a nicety is missing, no more
                 self._poll_error_logged = True
                 log.warning(
-                    "HorovodRunner: could not read the Spark job's task status: %s", summary(exc, first_line=True)
+                    "%s: could not read the Spark job's task status: %s",
+                    self.naming.runner,
+                    summary(exc, first_line=True),
                 )
         return None
 

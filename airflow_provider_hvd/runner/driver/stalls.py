@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ..errors import RunStalledError
+from ..shared.naming import HOROVOD_RUNNER
 from ..shared.timing import STACKS_WAIT_S
 
 if TYPE_CHECKING:
@@ -141,10 +142,10 @@ class Stalled:
         return f"the run stalled: no rank wrote output or reported progress for {self.seconds:.0f}s (stall_timeout)"
 
 
-def stall_error(event: Stalled) -> RunStalledError:
+def stall_error(event: Stalled, runner: str = HOROVOD_RUNNER.runner) -> RunStalledError:
     ranks = sorted(rank.rank for rank in event.ranks)
     text = (
-        f"HorovodRunner: the run stalled: no rank wrote output or reported progress for {event.seconds:.0f}s "
+        f"{runner}: the run stalled: no rank wrote output or reported progress for {event.seconds:.0f}s "
         f"(stall_timeout={event.seconds:g}); every rank was ended. Stalled: rank{'s' if len(ranks) > 1 else ''} "
         f"{', '.join(map(str, ranks))}. Where each one was, longest quiet first (innermost frames first):\n"
         + where_ranks_were(event.ranks)

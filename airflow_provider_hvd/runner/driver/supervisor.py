@@ -14,6 +14,7 @@ from ..shared.gpus import GPU, visible_gpus
 from ..shared.liveness import Liveness
 from ..shared.messages import AgentFailed as AgentFailedMessage
 from ..shared.messages import Done, Hello, Message, Returned, Start, unpickle
+from ..shared.naming import RunnerNaming
 from ..shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ..shared.tls import RunCertificate
 from ..shared.wire import new_secret
@@ -48,6 +49,7 @@ class Launcher(Protocol):
 
     driver: DriverAddress  # where the channel and the rendezvous listen, and the address the agents are told
     size: int
+    naming: RunnerNaming  # the runner whose run it launches, as the run's texts name it
 
     def describe(self) -> str: ...
     def check_slots(self) -> None:
@@ -108,6 +110,8 @@ class Supervisor:
         self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
         self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (..shared.tls)
         self._tracking = tracking
+        self._naming = launcher.naming
+        self._runner = launcher.naming.runner  # the first word of the run's log lines
 
     def run(self) -> Any:
         secret = new_secret()
@@ -115,24 +119,29 @@ class Supervisor:
         tls = certificate.context if certificate else None
         driver = self.launcher.driver
         channel = driver.listen(
-            CHANNEL, lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness, tls)
+            CHANNEL,
+            lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness, tls, self._runner),
         )
         channel.on_progress = self._progress.take if self._tracking is None else self._take_report
         try:
             where = self._kind.open(driver)
             self._kind_open = True
             log.info(
-                "HorovodRunner: driver channel on %s%s",
+                "%s: driver channel on %s%s",
+                self._runner,
                 driver.describe(channel.port),
                 f", TLS 1.3 (this run's certificate, SHA-256 {certificate.fingerprint})" if certificate else "",
             )
-            log.info("HorovodRunner: %s", where)
+            log.info("%s: %s", self._runner, where)
             self.launcher.check_slots()
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
             args = dataclasses.replace(
-                args, liveness=self._liveness, tls_fingerprint=certificate.fingerprint if certificate else None
+                args,
+                liveness=self._liveness,
+                tls_fingerprint=certificate.fingerprint if certificate else None,
+                runner=self._runner,
             )
             if self._stalls is not None:
                 args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
@@ -147,7 +156,7 @@ class Supervisor:
                 raise
         finally:
             self._clean_up(channel)
-        error = run_error(self._outcome, self.launcher.task_failure, self._kind.name)
+        error = run_error(self._outcome, self.launcher.task_failure, self._kind.name, self._naming)
         if error is not None:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
@@ -168,7 +177,7 @@ class Supervisor:
             try:
                 step()
             except Exception:
-                log.exception("HorovodRunner: could not %s", what)
+                log.exception("%s: could not %s", self._runner, what)
 
     def _take_report(self, rank: int | None, message: Message) -> None:
         self._progress.take(rank, message)
@@ -207,7 +216,9 @@ class Supervisor:
             if self._stalls is not None and self._outcome.phase is Phase.RUNNING:
                 stalled = self._stalls.check(self._running(), now)
                 if stalled is not None:
-                    log.warning("HorovodRunner: %s; the ranks' Python stacks:\n%s", stalled.reason(), stalled.dumps())
+                    log.warning(
+                        "%s: %s; the ranks' Python stacks:\n%s", self._runner, stalled.reason(), stalled.dumps()
+                    )
                     self._record(stalled)
             if self._outcome.ending:
                 if self._outcome.cause is None and abort_deadline is None:  # every rank returned: the run succeeded
@@ -222,7 +233,7 @@ class Supervisor:
     def _end_slow_exits(self) -> None:
         """Every rank returned ``exit_timeout`` ago: end those still in their exit work, each with a warning."""
         for conn in self._running():
-            log.warning("%s", still_exiting(conn.rank, conn.where(), self._exit_timeout_s))
+            log.warning("%s", still_exiting(conn.rank, conn.where(), self._exit_timeout_s, self._runner))
             conn.abort(f"it was still exiting {self._exit_timeout_s:g}s after every rank returned (exit_timeout)")
 
     def _say_where_ranks_are(self, why: str) -> None:
@@ -233,10 +244,10 @@ class Supervisor:
         try:
             ranks = collect_stacks(running, self._code_files)
         except Exception:  # noqa: BLE001 - never in the way of ending the run
-            log.exception("HorovodRunner: could not collect the ranks' stacks")
+            log.exception("%s: could not collect the ranks' stacks", self._runner)
             return
         log.warning(
-            "HorovodRunner: %s; where the ranks were (innermost frames first):\n%s", why, where_ranks_were(ranks)
+            "%s: %s; where the ranks were (innermost frames first):\n%s", self._runner, why, where_ranks_were(ranks)
         )
 
     def _agents_started(self) -> int:
@@ -251,7 +262,7 @@ class Supervisor:
             return
         reason = abort_reason(cause)
         waiting = [conn for conn in self._agents if id(conn) not in self._finished]
-        log.warning("HorovodRunner: %s; ending %d running rank(s)", reason, len(self._running()))
+        log.warning("%s: %s; ending %d running rank(s)", self._runner, reason, len(self._running()))
         for conn in waiting:
             conn.abort(reason)
 
@@ -286,7 +297,7 @@ class Supervisor:
                 }
                 returned = id(conn) in self._returned
                 if returned and message.terminated_by is None:
-                    log.warning("%s", exit_failed(conn.rank, where, describe_exit(message.exit_code)))
+                    log.warning("%s", exit_failed(conn.rank, where, describe_exit(message.exit_code), self._runner))
                 failed = RankFailed(
                     conn.rank,  # type: ignore[arg-type]
                     where,
@@ -350,7 +361,7 @@ class Supervisor:
             except OSError:
                 pass  # it is gone: its connection's end is on its way as an event
         self._outcome.started()
-        log.info("HorovodRunner: %d ranks started (%s)", self.size, self.launcher.describe())
+        log.info("%s: %d ranks started (%s)", self._runner, self.size, self.launcher.describe())
 
     def _visible_gpus(self, plan: Sequence[Slot]) -> list[list[str] | None]:
         """The GPUs each agent's rank sees, from those given to the ranks on its host (:mod:`.gpus`)."""

@@ -61,7 +61,8 @@ def _run(rank: int) -> int:
 
 def main() -> int:
     if CONTROL_FD_ENV not in os.environ:
-        print("airflow_provider_hvd.runner.rank is started by HorovodRunner, not by hand", file=sys.stderr)
+        started_by = "HorovodRunner or TorchDistributor"
+        print(f"airflow_provider_hvd.runner.rank is started by {started_by}, not by hand", file=sys.stderr)
         return 2
     die_with_parent(int(os.environ.get(PARENT_PID_ENV, os.getppid())), signal.SIGKILL)  # no rank outlives its run
     os.environ[RANK_PID_ENV] = str(os.getpid())  # log_to_driver works in this process, not in its children

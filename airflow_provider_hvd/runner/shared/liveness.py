@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import LaunchError
+from .naming import HOROVOD_RUNNER
 from .timing import GLOO_DEFAULT_TIMEOUT_S, MIN_BEATS_PER_TIMEOUT
 from .timing import HEARTBEAT_INTERVAL_S as DEFAULT_INTERVAL_S
 from .timing import HEARTBEAT_TIMEOUT_S as DEFAULT_TIMEOUT_S
@@ -49,10 +50,13 @@ def parse_seconds(value: str, setting: str) -> float:
 
 
 def liveness_settings(
-    conf: Callable[[str], str | None], interval_s: float | None = None, timeout_s: float | None = None
+    conf: Callable[[str], str | None],
+    interval_s: float | None = None,
+    timeout_s: float | None = None,
+    runner: str = HOROVOD_RUNNER.runner,
 ) -> Liveness:
-    """The run's heartbeat settings: ``interval_s``/``timeout_s`` when given (HorovodRunner's attributes), else the
-    Spark conf's ``spark.horovodRunner.heartbeatInterval``/``...heartbeatTimeout``, else the defaults."""
+    """The run's heartbeat settings: ``interval_s``/``timeout_s`` when given (the ``runner``'s attributes), else
+    the Spark conf's ``spark.horovodRunner.heartbeatInterval``/``...heartbeatTimeout``, else the defaults."""
     values = {}
     for name, given, setting, default in (
         ("interval_s", interval_s, INTERVAL_CONF, DEFAULT_INTERVAL_S),
@@ -68,9 +72,9 @@ def liveness_settings(
     liveness = Liveness(**values)
     if liveness.timeout_s < MIN_BEATS_PER_TIMEOUT * liveness.interval_s:
         raise LaunchError(
-            f"the heartbeat timeout ({liveness.timeout_s:g}s, {TIMEOUT_CONF} or HorovodRunner.heartbeat_timeout_s) "
+            f"the heartbeat timeout ({liveness.timeout_s:g}s, {TIMEOUT_CONF} or {runner}.heartbeat_timeout_s) "
             f"must be at least {MIN_BEATS_PER_TIMEOUT} heartbeat intervals ({liveness.interval_s:g}s, {INTERVAL_CONF} "
-            f"or HorovodRunner.heartbeat_interval_s): raise the timeout or shorten the interval."
+            f"or {runner}.heartbeat_interval_s): raise the timeout or shorten the interval."
         )
     return liveness
 

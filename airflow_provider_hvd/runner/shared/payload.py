@@ -25,6 +25,7 @@ from typing import Any
 import cloudpickle
 
 from . import wire
+from .naming import HOROVOD_RUNNER
 from .pickling_report import (
     find_unpicklable,
     format_path,
@@ -145,11 +146,12 @@ def _unpicklable_error(
 
 
 def _check_size(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], size: int, warn_bytes: int
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], size: int, warn_bytes: int, runner: str
 ) -> None:
     main_size = pickled_size(fn)
     log.info(
-        "HorovodRunner: the pickled job is %s: main (%s) %s, its arguments %s",
+        "%s: the pickled job is %s: main (%s) %s, its arguments %s",
+        runner,
         format_size(size),
         getattr(fn, "__qualname__", type_name(fn)),
         format_size(main_size),
@@ -161,8 +163,9 @@ def _check_size(
     largest = largest[:1] + [(path, n) for path, n in largest[1:] if n * 100 >= size]  # not the crumbs
     parts = "; ".join(f"{path}: {format_size(n)}" for path, n in largest)
     log.warning(
-        "HorovodRunner: the pickled job is %s (over %s): every rank loads it before it starts, which "
+        "%s: the pickled job is %s (over %s): every rank loads it before it starts, which "
         "slows the start. Largest parts: %s. To make it smaller, %s",
+        runner,
         format_size(size),
         format_size(warn_bytes),
         parts,
@@ -171,14 +174,20 @@ def _check_size(
 
 
 def dumps_job(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], *, warn_bytes: int = WARN_BYTES
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    warn_bytes: int = WARN_BYTES,
+    runner: str = HOROVOD_RUNNER.runner,
 ) -> bytes:
     """Pickle ``(fn, args, kwargs)``; ``fn``'s module goes by value unless it is installed, and so do the modules
     beside it that are not installed (:func:`modules_beside`).
 
     Notebooks, scripts, test files and Airflow DAG files (imported under names that executors cannot
     import), and the helper modules next to them, are thus shipped with the job; installed packages are
-    imported by the ranks. Logs the sizes (a warning naming the largest parts above ``warn_bytes``); raises
+    imported by the ranks. Logs the sizes under ``runner``'s name (a warning naming the largest parts above
+    ``warn_bytes``); raises
     ``TypeError`` naming where an unpicklable object sits.
     """
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
@@ -190,5 +199,5 @@ def dumps_job(
             raise
         except Exception as exc:
             raise _unpicklable_error(fn, args, kwargs, exc) from exc
-        _check_size(fn, args, kwargs, len(payload), warn_bytes)  # sizes parts under the same registration
+        _check_size(fn, args, kwargs, len(payload), warn_bytes, runner)  # sizes parts under the same registration
     return payload
