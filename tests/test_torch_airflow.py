@@ -33,7 +33,7 @@ def test_ddp_example_trains_on_two_processes_and_reports(dags, caplog, capsys):
 
 
 def test_operator_pushes_rank_0s_value_and_relays_every_line(dags, caplog):
-    run = dags["torch_operator"].test()  # num_processes="{{ params.n }}", driver_log_verbosity="all"
+    run = dags["torch_operator"].test()  # num_processes="{{ params.n }}", driver_log_verbosity left at its default
     assert states(run) == {"all_reduce": "success"}
     assert xcom(run, "all_reduce") == {"average": 2.0, "size": 2}
     assert not xcom(run, "all_reduce", "_link_SparkUILink")  # local[2]: no page outlives the task, so no link
@@ -57,6 +57,11 @@ def test_a_stalled_task_fails_saying_where_its_processes_were(dags, caplog, caps
     assert "RunStalledError" in task_log, task_log[-5000:]
     assert "reported progress for 10s (stall_timeout=10)" in task_log, task_log[-5000:]
     assert "was in wait_for_data (" in task_log and "torch_test_dags.py, line " in task_log, task_log[-5000:]
+
+
+def test_the_decorator_relays_every_line_by_default(dags):
+    """@task.torch_distributed takes the operator's defaults: every printed line reaches the task log."""
+    assert dags["torch_on_kill"].get_task("train_forever").driver_log_verbosity == "all"
 
 
 def test_bad_num_processes_is_refused_when_the_dag_is_parsed():

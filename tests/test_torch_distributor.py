@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch_jobs
+from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import LaunchError, RankFailedError, RunStalledError, TorchDistributor
 from airflow_provider_hvd.runner.driver.consequences import is_consequence_error
@@ -90,6 +91,15 @@ def test_ddp_on_spark_gives_pysparks_weights(spark_local):
     for mine, pysparks in zip(ours["weights"], theirs["weights"], strict=True):
         assert torch.equal(mine, pysparks)
     assert ours["loss"] == theirs["loss"]
+
+
+def test_every_line_a_process_prints_reaches_the_driver_by_default(spark_local, caplog):
+    """As PySpark's: the processes' output reaches the driver's log without asking (driver_log_verbosity="all")."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd.ranks")
+    runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert runner.run(torch_jobs.print_a_line) == 0
+    relayed = lines_by_rank(caplog.records)
+    assert relayed.get(0) == ["process 0 of 2 says hello"] and relayed.get(1) == ["process 1 of 2 says hello"], relayed
 
 
 def test_fsdp2_fully_shard_trains_on_the_cpu():

@@ -27,8 +27,9 @@ class TorchDistributorOperator(TrainingJobOperator):
     :param local_mode: True (default, as PySpark's): the processes run on the Airflow worker's host, without
         Spark. False: a Spark barrier job on the connection's cluster.
     :param use_gpu: one GPU per process (default True, as PySpark's); pass False to train on CPUs.
-    :param driver_log_verbosity: ``"log_callback_only"`` (default) or ``"all"``: which rank output reaches
-        the task log (``local_mode=False``; local processes' output always does).
+    :param driver_log_verbosity: ``"all"`` (default, as PySpark's ``TorchDistributor``: every line the processes
+        write) or ``"log_callback_only"`` (only ``log_to_driver`` messages): which output reaches the task log
+        (``local_mode=False``; local processes' output always does).
     :param conn_id: the ``spark`` connection (default ``spark_default``; templated), or a ``spark_connect`` one,
         for ``local_mode=False``.
     :param spark_conf: Spark settings on top of the connection's (templated), e.g.
@@ -60,7 +61,7 @@ class TorchDistributorOperator(TrainingJobOperator):
         num_processes: int | str = 1,
         local_mode: bool = True,
         use_gpu: bool = True,
-        driver_log_verbosity: str = "log_callback_only",
+        driver_log_verbosity: str = "all",
         conn_id: str = HorovodHook.default_conn_name,
         spark_conf: dict[str, Any] | None = None,
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,

@@ -50,7 +50,9 @@ class TorchDistributor(_Runner):
         ``spark.task.resource.gpu.amount = k``, ``num_processes / k`` tasks of ``k`` processes each, one of its
         task's GPUs each (``num_processes`` must be a multiple of ``k``). False: one process per task, the
         processes' CUDA settings left alone.
-    :param driver_log_verbosity: as :class:`HorovodRunner`'s (for ``local_mode=False``; local runs relay all).
+    :param driver_log_verbosity: for ``local_mode=False``: ``"all"`` (default: every line the processes write
+        reaches the driver's log, as PySpark streams them) or ``"log_callback_only"`` (only ``log_to_driver``
+        messages), as :class:`HorovodRunner`'s; local runs relay every line.
     :param slot_wait_timeout: as :class:`HorovodRunner`'s.
     :param resume_from: as :class:`HorovodRunner`'s.
     :param progress_sink: as :class:`HorovodRunner`'s.
@@ -70,7 +72,7 @@ class TorchDistributor(_Runner):
         local_mode: bool = True,
         use_gpu: bool = True,
         *,
-        driver_log_verbosity: str = "log_callback_only",
+        driver_log_verbosity: str = "all",
         slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
         resume_from: dict[str, Any] | str | None = None,
         progress_sink: ProgressSink | None = None,

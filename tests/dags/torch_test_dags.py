@@ -33,8 +33,7 @@ with DAG("torch_operator", schedule=None, start_date=START, catchup=False, param
         op_kwargs={"values": [1.0, 3.0]},
         num_processes="{{ params.n }}",
         local_mode=False,
-        use_gpu=False,
-        driver_log_verbosity="all",
+        use_gpu=False,  # driver_log_verbosity: "all" by default, as PySpark relays every line
     )
 
 
