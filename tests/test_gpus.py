@@ -191,8 +191,12 @@ def test_torch_ranks_two_a_task_each_get_one_of_its_gpus(gpu_cluster):
         with pytest.raises(LaunchError, match=r"'num_processes' value \(3\) must be a multiple of .*\(2\)"):
             TorchDistributor(num_processes=3, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)
         views = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)["views"]
+        # use_gpu=False on the same cluster: Spark still gives each task its GPUs, and no process sees one
+        # (CUDA_VISIBLE_DEVICES="", as PySpark's); before, each saw what its executor saw: every GPU of its host
+        hidden = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.gpu_view)
     finally:
         spark.stop()
+    assert [view["visible"] for view in hidden["views"]] == ["", ""], hidden
     assert [view["rank"] for view in views] == [0, 1, 2, 3]
     # each task is a torchrun node of 2 processes (as PySpark's): LOCAL_RANK 0 and 1, GROUP_RANK the task's
     assert [(view["group_rank"], view["local_rank"]) for view in views] == [(0, 0), (0, 1), (1, 0), (1, 1)]

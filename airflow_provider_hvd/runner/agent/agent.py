@@ -79,6 +79,7 @@ class AgentArgs:
     echo_output: bool  # lines go to this process's stderr too, tagged with the rank (the executor's log)...
     echo_relayed: bool = True  # ... also those relayed (not when that stderr is the driver's own, on local[*])
     keep_omp_threads: bool = False  # OMP_NUM_THREADS was set explicitly for the ranks (see rank_env)
+    hide_gpus: bool = False  # a rank given no GPU sees none (CUDA_VISIBLE_DEVICES=""), not the executor's (rank_env)
     liveness: Liveness = field(
         default_factory=Liveness
     )  # heartbeats with the driver (the run's settings, from the driver)
@@ -333,7 +334,7 @@ def _watch_driver(watch: DriverWatch, rank_process: _RankProcess) -> None:
 def _run_rank(
     args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, read_job: Callable[[], bytes], watch: DriverWatch
 ) -> threading.Thread:
-    env = rank_environment(os.environ, hello, start, args.keep_omp_threads)
+    env = rank_environment(os.environ, hello, start, args.keep_omp_threads, args.hide_gpus)
     outbox = Outbox(stream)
     reports = ReportSender(stream, start.rank, args.runner)
     memory = MemoryWatch()  # before the rank starts: an OOM kill while it runs shows as a difference

@@ -5,9 +5,9 @@ local runs): the driver's own ``HOROVOD_*`` settings (``HOROVOD_TIMELINE``, ``HO
 ``HOROVOD_CYCLE_TIME``, ...; every one but those HorovodRunner sets itself, :mod:`..shared.horovod_env`), then the
 rank's Horovod slot, the Gloo interface that reaches the driver, and ``OMP_NUM_THREADS`` from the cores the
 rank was given (the Spark task's cores; a share of this host's cores for local runs), unless set explicitly,
-the GPUs it sees (:mod:`.gpus`), and :data:`KERAS_2_FOR_TENSORFLOW` unless set. A torch.distributed rank gets
-``torchrun``'s variables instead of Horovod's (:mod:`..shared.torch_env`), and Gloo's and NCCL's interface
-that reaches the driver unless set.
+the GPUs it sees (:mod:`.gpus`; none at all when hidden), and :data:`KERAS_2_FOR_TENSORFLOW` unless set. A
+torch.distributed rank gets ``torchrun``'s variables instead of Horovod's (:mod:`..shared.torch_env`), and
+Gloo's and NCCL's interface that reaches the driver unless set.
 """
 
 from __future__ import annotations
@@ -52,18 +52,22 @@ def omp_threads(hello: Hello, local_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_size)
 
 
-def rank_environment(base: Mapping[str, str], hello: Hello, start: Start, keep_omp_threads: bool) -> dict[str, str]:
+def rank_environment(
+    base: Mapping[str, str], hello: Hello, start: Start, keep_omp_threads: bool, hide_gpus: bool = False
+) -> dict[str, str]:
     """The environment of the rank process that ``start`` starts on this agent.
 
     ``keep_omp_threads``: ``OMP_NUM_THREADS`` in ``base`` was set explicitly (``spark.executorEnv``, or the
-    driver's environment for local runs), so it stays; else it is computed.
+    driver's environment for local runs), so it stays; else it is computed. ``hide_gpus``: a rank given no
+    GPU sees none (``CUDA_VISIBLE_DEVICES=""``) instead of those ``base`` shows.
     """
     iface = interface_of(hello.host)
+    gpus = start.gpus if start.gpus is not None or not hide_gpus else []
     env = {
         **keras_defaults(),
         **base,
         **start.horovod_env,
-        **gpu_env(start.gpus),
+        **gpu_env(gpus),
         GLOO_IFACE: iface,
         RANK_ENV: str(start.rank),
         "PYTHONUNBUFFERED": "1",

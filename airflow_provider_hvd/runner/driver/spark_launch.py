@@ -1,7 +1,9 @@
 """Spark strategy (``np > 0``): a barrier job of ``np`` tasks, each running one rank agent.
 
 torch.distributed's runs with ``spark.task.resource.gpu.amount = k`` run ``k`` agents (ranks) in each task, one
-of its GPUs each (as PySpark's ``TorchDistributor`` runs ``torchrun --nproc-per-node k`` in each task).
+of its GPUs each (as PySpark's ``TorchDistributor`` runs ``torchrun --nproc-per-node k`` in each task); with
+``use_gpu=False`` its ranks see no GPU (``CUDA_VISIBLE_DEVICES=""``, as PySpark's), unless the application sets
+``spark.executorEnv.CUDA_VISIBLE_DEVICES``: then they see what that says.
 
 On a classic session the pickled job travels as a Spark broadcast: the driver hands it to Spark once, each
 executor fetches it once (from the driver or from other executors) and the ranks on that executor read that
@@ -38,6 +40,7 @@ _TASK_FAILURE_POLL_S = 1.0
 _TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
 _JOB_END_WAIT_S = 60.0  # a cancelled job's end is waited for so long
 _CANCEL_AGAIN_S = 2.0  # the cancel is sent again while the job runs on
+EXECUTOR_CUDA_DEVICES = "spark.executorEnv.CUDA_VISIBLE_DEVICES"  # the executors' GPUs, set on purpose
 
 
 def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
@@ -116,7 +119,9 @@ class SparkLauncher:
         self.size = size  # ranks: agents
         self.per_task = per_task  # ranks (agents) in each task
         self.tasks = size // per_task
-        self.use_gpus = use_gpus  # False: the ranks are given none of their tasks' GPUs (CUDA settings left alone)
+        # False: the ranks are given none of their tasks' GPUs, and see none (CUDA_VISIBLE_DEVICES="", as PySpark's
+        # TorchDistributor), unless the application sets the executors' CUDA_VISIBLE_DEVICES on purpose
+        self.use_gpus = use_gpus
         self.slot_wait_timeout = slot_wait_timeout
         self.cancelled = cancelled
         self.local = self.app.local
@@ -167,6 +172,7 @@ class SparkLauncher:
             echo_output=True,
             echo_relayed=not self.app.shares_stderr,  # local executors' stderr is ours: relayed lines would show twice
             keep_omp_threads=self.app.conf("spark.executorEnv.OMP_NUM_THREADS") is not None,
+            hide_gpus=not self.use_gpus and self.app.conf(EXECUTOR_CUDA_DEVICES) is None,
         )
 
     def _run_job(self, task: BarrierTask) -> None:

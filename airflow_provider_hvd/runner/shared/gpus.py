@@ -32,9 +32,11 @@ def visible_gpus(own: Sequence[Sequence[str]]) -> list[list[str] | None]:
 
 
 def gpu_env(gpus: Sequence[str] | None) -> dict[str, str]:
-    """The CUDA settings that make a rank see ``gpus`` (in that order); nothing when None."""
+    """The CUDA settings that make a rank see ``gpus`` (in that order; none when empty); nothing when None."""
     if gpus is None:
         return {}
+    if not gpus:
+        return {"CUDA_VISIBLE_DEVICES": ""}  # as PySpark's TorchDistributor hides them for use_gpu=False
     return {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
