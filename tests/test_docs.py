@@ -12,6 +12,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -189,3 +191,71 @@ def test_the_internals_frame_table_lists_every_frame_kind():
     rows = markdown_table(ROOT / "docs" / "internals.md", "The wire protocol")
     listed = {(int(row[0]), row[1].strip("`")) for row in rows}
     assert listed == {(kind.value, kind.name) for kind in Kind}
+
+
+_DIFFERENT_DEFAULT = re.compile(r"`(\w+)` \(default ([^);:]+)")
+_DIFFERENT_ERROR = re.compile(r"`(\w+Error): ([^`]+)`")
+
+
+def _different_rows() -> dict[str, str]:
+    """The rows of docs/torch-distributor.md's "Different" table: its first cell -> this package's cell."""
+    page = (ROOT / "docs" / "torch-distributor.md").read_text()
+    table = page.split("## Different", 1)[1].split("\n\n", 2)[1]
+    cells = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
+    return {row[0]: row[2] for row in cells}
+
+
+def _documented_value(text: str) -> object:
+    text = text.strip().strip("`")
+    if text.startswith("None"):
+        return None
+    if text.endswith(" s"):
+        return float(text.removesuffix(" s"))
+    return text.strip('"')
+
+
+def test_the_torch_distributor_differences_state_the_codes_defaults_and_refusals(monkeypatch):
+    """Each default the "Different" table states is TorchDistributor's (and its operator's), and each refusal it
+    quotes (`SomeError: message`, "..." for what varies) is what the code raises in that case."""
+    import inspect
+
+    from airflow_provider_hvd import TorchDistributor
+    from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
+    from airflow_provider_hvd.runner.driver.spark_cluster import existing_session
+
+    def no_gpu_here() -> None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        assert existing_session() is None, "a SparkSession outlived its test module"
+        TorchDistributor(2, local_mode=True, use_gpu=True)
+
+    def cpu_run(train_object) -> None:
+        TorchDistributor(1, local_mode=True, use_gpu=False).run(train_object)
+
+    refusals = {
+        "`use_gpu=True, local_mode=True` without a SparkSession": [no_gpu_here],
+        "`num_processes` not a positive `int` (`2.0`, `True`)": [
+            lambda: TorchDistributor(2.0),
+            lambda: TorchDistributor(True),
+        ],
+        "arguments that do not fit the function": [lambda: cpu_run(lambda x: x)],
+        "a file `train_object`": [lambda: cpu_run(str(ROOT / "no-such-train.py"))],
+    }
+    rows = _different_rows()
+    stated = [
+        (row, name, _documented_value(value))
+        for row, cell in rows.items()
+        for name, value in _DIFFERENT_DEFAULT.findall(cell)
+    ]
+    assert {name for _, name, _ in stated} >= {"driver_log_verbosity", "slot_wait_timeout", "stall_timeout"}
+    for cls in (TorchDistributor, TorchDistributorOperator):
+        parameters = inspect.signature(cls.__init__).parameters
+        for row, name, value in stated:
+            assert parameters[name].default == value, (cls.__name__, row, name, value)
+    quoted = {row: _DIFFERENT_ERROR.findall(cell) for row, cell in rows.items() if _DIFFERENT_ERROR.search(cell)}
+    assert set(quoted) == set(refusals), "a refusal the table quotes has no case here, or a case no row"
+    for row, [(error, message)] in quoted.items():
+        pattern = ".*".join(re.escape(part) for part in message.split("..."))
+        for case in refusals[row]:
+            with pytest.raises(Exception) as refused:  # noqa: PT011 - its type is the table's, checked below
+                case()
+            assert type(refused.value).__name__ == error and re.match(pattern, str(refused.value)), (row, refused.value)

@@ -88,6 +88,24 @@ def test_a_host_without_gpus_runs_on_the_cpu_as_before(monkeypatch, tmp_path):
     assert view["visible"] == [None, None] and view["order"] == [None, None]
 
 
+def test_local_torch_processes_take_the_hosts_gpus_without_spark(monkeypatch, tmp_path):
+    """No SparkSession: this host's GPUs (nvidia-smi here), num_processes cut to their number as PySpark cuts it
+    to the driver's; a host without any refuses use_gpu=True in the constructor."""
+    import torch_jobs
+
+    from airflow_provider_hvd import TorchDistributor
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path, 2))
+    distributor = TorchDistributor(num_processes=3, local_mode=True, use_gpu=True)
+    assert distributor.num_processes == 2 and distributor.input_params["num_tasks"] == 2
+    views = distributor.run(torch_jobs.gpu_view)["views"]
+    assert [view["visible"] for view in views] == ["0,1", "0,1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(LaunchError, match=r"has none \(CUDA_VISIBLE_DEVICES=''\). Pass use_gpu=False"):
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=True)
+
+
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory):
     cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-gpus"), workers=2, cores=2, gpus=2).start()
@@ -187,10 +205,17 @@ def test_torch_ranks_two_a_task_each_get_one_of_its_gpus(gpu_cluster):
             **gpu_cluster.app_conf,
         },
     )
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparks
+
     try:
-        with pytest.raises(LaunchError, match=r"'num_processes' value \(3\) must be a multiple of .*\(2\)"):
-            TorchDistributor(num_processes=3, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)
-        views = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)["views"]
+        with pytest.raises(RuntimeError) as theirs:  # in the constructor, as PySpark's
+            PySparks(num_processes=3, local_mode=False, use_gpu=True)
+        with pytest.raises(LaunchError, match=r"'num_processes' value \(3\) must be a multiple of .*\(2\)") as ours:
+            TorchDistributor(num_processes=3, local_mode=False, use_gpu=True)
+        assert str(ours.value).startswith(str(theirs.value)), (str(ours.value), str(theirs.value))
+        distributor = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+        assert distributor.input_params == PySparks(4, False, True).input_params  # num_tasks 2
+        views = distributor.run(torch_jobs.gpu_view)["views"]
         # use_gpu=False on the same cluster: Spark still gives each task its GPUs, and no process sees one
         # (CUDA_VISIBLE_DEVICES="", as PySpark's); before, each saw what its executor saw: every GPU of its host
         hidden = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.gpu_view)
@@ -238,3 +263,34 @@ def test_torch_ranks_over_spark_connect_each_get_one_of_their_tasks_gpus(gpu_clu
         worker = next(part for part in Path(view["executor_dir"]).parts if part.startswith("worker-"))
         assert view["visible"] == worker_gpus[worker], view
     assert sorted(view["visible"].split(",")[view["local_rank"]] for view in views) == ["0", "1", "2", "3"]
+
+
+def test_torch_on_the_drivers_spark_gpus_and_gpus_set_on_purpose(tmp_path):
+    """On a SparkSession, local_mode=True takes the driver's Spark GPUs (spark.driver.resource.gpu.*) as PySpark's
+    does; use_gpu=False leaves the executors' CUDA_VISIBLE_DEVICES alone where the application sets it
+    (spark.executorEnv.CUDA_VISIBLE_DEVICES: on purpose)."""
+    import torch_jobs
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparks
+
+    from airflow_provider_hvd import TorchDistributor
+
+    script = tmp_path / "driver-gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    script.chmod(0o755)
+    spark = make_session(
+        "local[2]",
+        **{
+            "spark.driver.resource.gpu.amount": "2",
+            "spark.driver.resource.gpu.discoveryScript": str(script),
+            "spark.executorEnv.CUDA_VISIBLE_DEVICES": "3",
+        },
+    )
+    try:
+        distributor = TorchDistributor(num_processes=3, local_mode=True, use_gpu=True)
+        assert distributor.input_params == PySparks(3, True, True).input_params  # num_processes cut to 2
+        local = distributor.run(torch_jobs.gpu_view)["views"]
+        on_purpose = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.gpu_view)
+    finally:
+        spark.stop()
+    assert [view["visible"] for view in local] == ["0,1", "0,1"]
+    assert [view["visible"] for view in on_purpose["views"]] == ["3", "3"]

@@ -15,7 +15,7 @@ import torch
 import torch_jobs
 from rank_lines import lines_by_rank
 
-from airflow_provider_hvd import LaunchError, RankFailedError, RunStalledError, TorchDistributor
+from airflow_provider_hvd import RankFailedError, RunStalledError, TorchDistributor
 from airflow_provider_hvd.runner.driver.consequences import is_consequence_error
 from airflow_provider_hvd.runner.shared.messages import RemoteError
 
@@ -185,17 +185,37 @@ def test_a_file_that_is_not_on_the_rank_host_travels_with_the_job(tmp_path):
     assert not Path(path).exists()  # removed when the process exited
 
 
-def test_bad_settings_name_the_fix(spark_local):
-    with pytest.raises(ValueError, match="num_processes has to be a positive integer"):
-        TorchDistributor(num_processes=0)
-    with pytest.raises(LaunchError, match="spark.task.resource.gpu.amount' was unset.*use_gpu=False"):
-        TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(torch_jobs.modules_loaded)
-    with pytest.raises(LaunchError, match="has none .*Pass use_gpu=False"):
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        try:
-            TorchDistributor(num_processes=2, local_mode=True, use_gpu=True).run(torch_jobs.modules_loaded)
-        finally:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
+def test_the_attributes_that_pyspark_code_reads(spark_local):
+    """input_params, num_processes, local_mode, use_gpu, num_tasks, ssl_conf: PySpark's values, on the same
+    session (PySpark's constructor reads its conf and starts nothing)."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparks
+
+    for args in [(1, True, False), (2, True, False), (2, False, False), (3, False, False)]:
+        ours, theirs = TorchDistributor(*args), PySparks(*args)
+        for name in ("input_params", "num_processes", "local_mode", "use_gpu", "num_tasks", "ssl_conf"):
+            assert getattr(ours, name) == getattr(theirs, name), (args, name, getattr(ours, name))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_processes": 0, "use_gpu": False},
+        {},  # use_gpu=True, local_mode=True: the driver's GPUs, and the session has none
+        {"num_processes": 2, "local_mode": True, "use_gpu": True},
+        {"num_processes": 2, "local_mode": False, "use_gpu": True},  # no spark.task.resource.gpu.amount
+    ],
+)
+def test_the_constructor_refuses_what_pysparks_refuses(spark_local, kwargs):
+    """The same exception type (ours may be a subclass), its message beginning with PySpark's (the fix follows)."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparks
+
+    with pytest.raises(Exception) as theirs:
+        PySparks(**kwargs)
+    with pytest.raises(type(theirs.value)) as ours:
+        TorchDistributor(**kwargs)
+    assert str(ours.value).startswith(str(theirs.value)), (str(ours.value), str(theirs.value))
+    if isinstance(ours.value, RuntimeError):
+        assert "use_gpu=False" in str(ours.value)  # and it names the fix
 
 
 _NO_HOROVOD = """

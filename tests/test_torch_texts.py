@@ -146,3 +146,13 @@ def test_a_slow_exit(caplog):
     no_horovod(caplog)
     warned = [r.getMessage() for r in caplog.records if "was still exiting" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("TorchDistributor: rank 1 "), warned
+
+
+def test_the_gpu_refusals_of_the_constructor(caplog):
+    with pytest.raises(RuntimeError) as local:
+        TorchDistributor(2, local_mode=True, use_gpu=True)
+    with pytest.raises(RuntimeError) as on_spark:
+        TorchDistributor(2, local_mode=False, use_gpu=True)
+    no_horovod(caplog, str(local.value), str(on_spark.value))
+    assert str(local.value).startswith("GPUs were unable to be found on the driver. TorchDistributor("), local.value
+    assert str(on_spark.value).startswith("'spark.task.resource.gpu.amount' was unset, so gpu usage is unavailable.")

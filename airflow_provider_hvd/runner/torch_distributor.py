@@ -1,7 +1,9 @@
 """TorchDistributor: the API of PySpark's ``pyspark.ml.torch.distributor.TorchDistributor``, on this runner.
 
 Its ranks are plain torch.distributed processes, started as ``torchrun`` starts them (its ``env://``
-variables, :mod:`.shared.torch_env`), supervised as HorovodRunner's are; Horovod is not needed.
+variables, :mod:`.shared.torch_env`), supervised as HorovodRunner's are; Horovod is not needed. PySpark's
+checks of the GPU settings, their errors and its public attributes are PySpark's; what differs on purpose is
+in docs/torch-distributor.md.
 """
 
 from __future__ import annotations
@@ -18,38 +20,46 @@ from .driver.local_launch import LocalLauncher
 from .driver.mlflow_run import MlflowSettings
 from .driver.progress import ProgressSink
 from .driver.slots import DEFAULT_SLOT_WAIT_S, TASK_GPUS
-from .driver.spark_cluster import active_session, session_conf
+from .driver.spark_cluster import active_session, existing_session, is_connect, session_conf
 from .driver.spark_launch import SparkLauncher
 from .errors import LaunchError
 from .rank.script import run_script
 from .runner import _Run, _Runner, check_fits
-from .shared.gpus import host_gpus
+from .shared.gpus import GPU, host_gpus, spark_gpus_here
 from .shared.naming import TORCH_DISTRIBUTOR
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from .driver.rank_kinds import RankKind
     from .driver.supervisor import Launcher
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
+PYSPARK_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"  # PySpark's ``ssl_conf`` (its runs read it; these need not)
+DRIVER_GPUS = "spark.driver.resource.gpu.amount"
+
 
 class TorchDistributor(_Runner):
     """Run a torch.distributed training function, or a Python file, on ``num_processes`` processes.
 
-    A drop-in for PySpark's ``TorchDistributor`` (same parameters, defaults and meaning), with the supervision,
-    logs, progress and failure reports of :class:`HorovodRunner`. Each process gets ``torchrun``'s
-    environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...), so that
-    ``torch.distributed.init_process_group("gloo")`` (or ``"nccl"``) needs no arguments; the driver serves the
-    run's store.
+    A drop-in for PySpark's ``TorchDistributor`` (same parameters, defaults, checks, errors and attributes),
+    with the supervision, logs, progress and failure reports of :class:`HorovodRunner`. Each process gets
+    ``torchrun``'s environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...),
+    so that ``torch.distributed.init_process_group("gloo")`` (or ``"nccl"``) needs no arguments; the driver
+    serves the run's store.
 
     :param num_processes: how many processes (ranks) to run.
     :param local_mode: True: on this host (no Spark needed). False: a Spark barrier job on the active
         SparkSession (``local[*]`` if none).
-    :param use_gpu: one GPU per process. Locally: this host's GPUs (``CUDA_VISIBLE_DEVICES``, else
-        ``nvidia-smi``), ``num_processes`` cut to their number as PySpark does. On Spark: with
-        ``spark.task.resource.gpu.amount = k``, ``num_processes / k`` tasks of ``k`` processes each, one of its
-        task's GPUs each (``num_processes`` must be a multiple of ``k``). False: one process per task, the
-        processes' CUDA settings left alone.
+    :param use_gpu: one GPU per process. Locally, on an active SparkSession: the driver's GPUs
+        (``spark.driver.resource.gpu.amount``, else ``RuntimeError`` here, as PySpark's); without one: this
+        host's (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``); ``num_processes`` cut to their number with a
+        warning, as PySpark does. On Spark: with ``spark.task.resource.gpu.amount = k`` (unset: ``RuntimeError``,
+        here when a SparkSession is active, else when :meth:`run` starts), ``num_processes / k`` tasks of ``k``
+        processes each, one of its task's GPUs each (``num_processes`` must be a multiple of ``k``). False: one
+        process per task, which sees no GPU (``CUDA_VISIBLE_DEVICES=""``, as PySpark's), unless the application
+        sets ``spark.executorEnv.CUDA_VISIBLE_DEVICES``; locally, the processes' CUDA settings are left alone.
     :param driver_log_verbosity: for ``local_mode=False``: ``"all"`` (default: every line the processes write
         reaches the driver's log, as PySpark streams them) or ``"log_callback_only"`` (only ``log_to_driver``
         messages), as :class:`HorovodRunner`'s; local runs relay every line.
@@ -60,8 +70,10 @@ class TorchDistributor(_Runner):
     :param exit_timeout: as :class:`HorovodRunner`'s.
     :param mlflow: as :class:`HorovodRunner`'s (an MLflow run per :meth:`run`).
 
-    After :meth:`run` (also one that raised), ``metrics``, ``checkpoint``, ``mlflow_run_id`` and ``mlflow_run_url``
-    are as :class:`HorovodRunner`'s.
+    PySpark's attributes: ``num_processes`` (after the cut to the driver's GPUs), ``local_mode``, ``use_gpu``,
+    ``num_tasks`` (the Spark tasks: ``num_processes / k`` with GPUs on Spark, else ``num_processes``),
+    ``input_params`` (a dict of those four) and ``ssl_conf``. After :meth:`run` (also one that raised),
+    ``metrics``, ``checkpoint``, ``mlflow_run_id`` and ``mlflow_run_url`` are as :class:`HorovodRunner`'s.
     """
 
     naming = TORCH_DISTRIBUTOR
@@ -88,6 +100,39 @@ class TorchDistributor(_Runner):
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
+        self.ssl_conf = PYSPARK_SSL_CONF
+        self._asked = num_processes  # before a cut to the driver's GPUs
+        self._local_gpus: tuple[list[str], str] | None = None  # local_mode, use_gpu: the GPUs and their source
+        self._per_task = 1  # processes in each Spark task
+        self._plan(existing_session())  # PySpark's checks, in the constructor (as its own) when a session is on
+
+    def _plan(self, spark: SparkSession | None) -> None:
+        """PySpark's GPU checks and counts (``num_processes``, ``num_tasks``, ``input_params``) for ``spark``.
+
+        ``spark`` None: no session is active; locally the GPUs are this host's, and on Spark the checks wait
+        for the session :meth:`run` uses.
+        """
+        if self.use_gpu and self.local_mode:
+            self._local_gpus, available = self._driver_gpus(spark)
+            self.num_processes = self._asked
+            if self._asked > available:
+                log.warning(
+                    "%s: 'num_processes' cannot be set to a value greater than the number of available GPUs on the "
+                    "driver, which is %d (%s). 'num_processes' was reset to be equal to the number of available GPUs.",
+                    self.naming.runner,
+                    available,
+                    self._local_gpus[1],
+                )
+                self.num_processes = available
+        elif self.use_gpu and spark is not None:
+            self._per_task = self._processes_per_task(session_conf(spark)(TASK_GPUS))
+        self.num_tasks = self.num_processes // self._per_task
+        self.input_params = {
+            "num_processes": self.num_processes,
+            "local_mode": self.local_mode,
+            "use_gpu": self.use_gpu,
+            "num_tasks": self.num_tasks,
+        }
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run ``train_object(*args, **kwargs)`` on every process and return rank 0's value; or, when
@@ -121,17 +166,17 @@ class TorchDistributor(_Runner):
 
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         if self.local_mode:
-            local = LocalLauncher(self._local_processes(), self.use_gpu, self.naming)
+            local = LocalLauncher(self.num_processes, self.use_gpu, self.naming, self._local_gpus)
             return local, lambda key: None, False
         spark = active_session(self.naming.runner)
+        self._plan(spark)  # the checks on the session the job runs on (the constructor's, when it had one)
         conf = session_conf(spark)
-        per_task = self._processes_per_task(conf(TASK_GPUS)) if self.use_gpu else 1
         launcher = SparkLauncher(
             spark,
             self.num_processes,
             self.slot_wait_timeout,
             cancelled=lambda: run.cancelled,
-            per_task=per_task,
+            per_task=self._per_task,
             use_gpus=self.use_gpu,
             naming=self.naming,
         )
@@ -139,42 +184,59 @@ class TorchDistributor(_Runner):
 
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own
 
-    def _local_processes(self) -> int:
-        if not self.use_gpu:
-            return self.num_processes
-        gpus, found_by = host_gpus()
-        if not gpus:
-            raise LaunchError(
-                f"{self.naming.runner}(use_gpu=True, local_mode=True) gives each process a GPU of this host, and "
-                f"it has none ({found_by}). Pass use_gpu=False to train on the CPU."
-            )
-        if self.num_processes > len(gpus):
-            log.warning(
-                "%s: 'num_processes' cannot be set to a value greater than the number of available "
-                "GPUs on the driver, which is %d (%s); running %d processes",
-                self.naming.runner,
-                len(gpus),
-                found_by,
-                len(gpus),
-            )
-            return len(gpus)
-        return self.num_processes
+    def _driver_gpus(self, spark: SparkSession | None) -> tuple[tuple[list[str], str], int]:
+        """The GPUs of ``local_mode=True`` (and where they come from), and how many processes they allow.
+
+        On a SparkSession, PySpark's: the driver's (``spark.driver.resource.gpu.amount``; over Spark Connect
+        this host's, as PySpark's client uses its own); without one, this host's.
+        """
+        if spark is None:
+            gpus, found_by = host_gpus()
+            if not gpus:
+                raise LaunchError(
+                    f"{self.naming.runner}(use_gpu=True, local_mode=True) gives each process a GPU of this host, and "
+                    f"it has none ({found_by}). Pass use_gpu=False to train on the CPU."
+                )
+            return (gpus, found_by), len(gpus)
+        fix = (
+            f" {self.naming.runner}(use_gpu=True, local_mode=True) on a SparkSession gives each process one of the "
+            f"driver's GPUs: start the session with {DRIVER_GPUS} (and spark.driver.resource.gpu.discoveryScript),"
+            " or pass use_gpu=False to train on the CPU."
+        )
+        connect = is_connect(spark)
+        if not connect and GPU not in spark.sparkContext.resources:
+            raise LaunchError("GPUs were unable to be found on the driver." + fix)
+        amount = session_conf(spark)(DRIVER_GPUS)
+        try:
+            available = int(amount or "0")
+        except ValueError:
+            available = 0
+        if available <= 0:
+            raise LaunchError("GPU resources were not configured properly on the driver." + fix)
+        if connect:
+            gpus, found_by = host_gpus()
+            return (gpus, f"{found_by}; the server's {DRIVER_GPUS}={amount}"), available
+        addresses = list(spark.sparkContext.resources[GPU].addresses)
+        return (spark_gpus_here(addresses, os.environ), f"the driver's Spark GPUs, {DRIVER_GPUS}={amount}"), available
 
     def _processes_per_task(self, amount: str | None) -> int:
-        """``spark.task.resource.gpu.amount`` as processes per task; PySpark's checks, with the fix named."""
+        """``spark.task.resource.gpu.amount`` as processes per task; PySpark's checks and words, with the fix."""
         try:
             per_task = int(amount or "0")
         except ValueError:
-            per_task = -1
+            raise LaunchError(
+                f"'{TASK_GPUS}' was {amount!r}, so gpu usage is unavailable: {self.naming.runner} runs a whole "
+                f"number of processes in each task, one GPU each: set it to a whole number (e.g. 1), or pass "
+                "use_gpu=False."
+            ) from None
         if per_task < 1:
             raise LaunchError(
-                f"'{TASK_GPUS}' was {'unset' if amount is None else repr(amount)}, so gpu usage is unavailable: "
-                f"set it to the GPUs each task gets (a whole number, e.g. 1, with spark.executor.resource.gpu.amount),"
-                " or pass use_gpu=False."
+                f"'{TASK_GPUS}' was unset, so gpu usage is unavailable. Set it to the GPUs each task gets (a whole "
+                "number, e.g. 1, with spark.executor.resource.gpu.amount), or pass use_gpu=False."
             )
         if self.num_processes % per_task:
             raise LaunchError(
                 f"{self.naming.runner} 'num_processes' value ({self.num_processes}) must be a multiple of "
-                f"'{TASK_GPUS}' ({per_task}) value: each task runs {per_task} processes, one GPU each."
+                f"'{TASK_GPUS}' ({per_task}) value. Each task runs {per_task} processes, one GPU each."
             )
         return per_task

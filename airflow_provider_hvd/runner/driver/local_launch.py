@@ -26,11 +26,15 @@ class LocalLauncher:
         size: int,
         use_gpus: bool = True,
         naming: RunnerNaming = HOROVOD_RUNNER,
+        gpus: tuple[list[str], str] | None = None,
     ) -> None:
+        """``gpus``: the GPUs to give the ranks and where they came from (default: this host's, ``host_gpus``)."""
         self.size = size
         self.naming = naming
         self.driver = dataclasses.replace(LOOPBACK_DRIVER, naming=naming)  # any free ports
-        self.gpus, self._gpus_from = host_gpus() if use_gpus else ([], "")  # without: the ranks' own CUDA settings
+        if not use_gpus:
+            gpus = [], ""  # the ranks' own CUDA settings
+        self.gpus, self._gpus_from = gpus if gpus is not None else host_gpus()
         self._threads: list[threading.Thread] = []
         self._failure: BaseException | None = None
 

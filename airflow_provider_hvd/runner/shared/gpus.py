@@ -40,6 +40,23 @@ def gpu_env(gpus: Sequence[str] | None) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
+def spark_gpus_here(addresses: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """The GPUs Spark's ``addresses`` name, as CUDA numbers them in a process with ``environ``.
+
+    As PySpark's TorchDistributor reads them: where ``CUDA_VISIBLE_DEVICES`` is set, Spark's addresses index its
+    list. ValueError for an address that CUDA cannot take (not a whole number without leading zeros).
+    """
+    if any(not re.fullmatch(r"0|[1-9][0-9]*", address) for address in addresses):
+        raise ValueError(
+            f"Found GPU addresses {list(addresses)} which are not all in the correct format for CUDA_VISIBLE_DEVICES, "
+            "which requires integers with no zero padding."
+        )
+    if "CUDA_VISIBLE_DEVICES" not in environ:
+        return list(addresses)
+    visible = environ["CUDA_VISIBLE_DEVICES"].split(",")
+    return [visible[int(address)] for address in addresses]
+
+
 def host_gpus(environ: Mapping[str, str] | None = None) -> tuple[list[str], str]:
     """This host's GPUs as the driver may use them, and where that came from.
 
