@@ -213,6 +213,12 @@ def test_torch_ranks_two_a_task_each_get_one_of_its_gpus(gpu_cluster):
         with pytest.raises(LaunchError, match=r"'num_processes' value \(3\) must be a multiple of .*\(2\)") as ours:
             TorchDistributor(num_processes=3, local_mode=False, use_gpu=True)
         assert str(ours.value).startswith(str(theirs.value)), (str(ours.value), str(theirs.value))
+        with pytest.raises(LaunchError) as too_many:  # 2 slots of 2 GPUs: 4 processes at most
+            TorchDistributor(num_processes=8, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)
+        assert str(too_many.value).startswith(
+            "TorchDistributor(num_processes=8) runs 2 ranks in each Spark task (one GPU each) and needs 4 slots at once"
+        ), too_many.value
+        assert "Lower num_processes to at most 4," in str(too_many.value) and "Horovod" not in str(too_many.value)
         distributor = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
         assert distributor.input_params == PySparks(4, False, True).input_params  # num_tasks 2
         views = distributor.run(torch_jobs.gpu_view)["views"]
