@@ -104,7 +104,8 @@ class TorchDistributor(_Runner):
         self._asked = num_processes  # before a cut to the driver's GPUs
         self._local_gpus: tuple[list[str], str] | None = None  # local_mode, use_gpu: the GPUs and their source
         self._per_task = 1  # processes in each Spark task
-        self._plan(existing_session())  # PySpark's checks, in the constructor (as its own) when a session is on
+        # PySpark's checks, in the constructor as its own (on the active session: only GPUs need one)
+        self._plan(existing_session() if self.use_gpu else None)
 
     def _plan(self, spark: SparkSession | None) -> None:
         """PySpark's GPU checks and counts (``num_processes``, ``num_tasks``, ``input_params``) for ``spark``.
