@@ -9,9 +9,10 @@ import traceback
 import pytest
 from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.log import redact
 
 from airflow_provider_hvd import LaunchError
-from airflow_provider_hvd.hooks.horovod import HorovodHook, master_from_connection
+from airflow_provider_hvd.hooks.horovod import HorovodHook, masked, master_from_connection
 
 
 def conn(**fields) -> Connection:
@@ -270,6 +271,40 @@ def test_secret_settings_are_masked_where_the_hook_logs_them():
         "spark.hadoop.fs.s3a.access.token": "***",
         "spark.kerberos.keytab": "***",
     }
+
+
+#: storage credentials as Hadoop's connectors name them (Azure's account keys and SAS tokens, S3's secret key and
+#: session token, a signature), none of which the hook may log
+STORAGE_SECRETS = {
+    "spark.hadoop.fs.azure.account.key.acct1.dfs.core.windows.net": "azure-acc0unt-key==",
+    "spark.hadoop.fs.azure.account.key.acct1.blob.core.windows.net": "azure-b1ob-key==",
+    "spark.hadoop.fs.azure.sas.logs.acct1.blob.core.windows.net": "sv=2024&sig=sas-t0ken",
+    "spark.hadoop.fs.azure.sas.fixed.token.acct1.dfs.core.windows.net": "sv=2024&sig=f1xed-sas",
+    "spark.hadoop.fs.s3a.secret.key": "s3-secr3t-key",
+    "spark.hadoop.fs.s3a.session.token": "s3-sess1on-token",
+    "spark.hadoop.fs.s3a.bucket.logs.secret.key": "bucket-secr3t-key",
+    "spark.hadoop.fs.cosn.userinfo.signature": "cos-s1gnature",
+    "spark.hadoop.fs.azure.account.oauth2.client.secret": "oauth-cl1ent-secret",
+}
+#: their neighbours that are no secret, shown as they are
+STORAGE_SETTINGS = {
+    "spark.hadoop.fs.azure.account.auth.type": "SharedKey",
+    "spark.hadoop.fs.azure.account.keyprovider.acct1.dfs.core.windows.net": "org.example.KeyProvider",
+    "spark.hadoop.fs.s3a.access.key": "AKIAEXAMPLE",
+    "spark.hadoop.fs.s3a.endpoint": "https://s3.example.com",
+}
+
+
+def test_storage_credentials_are_masked_in_the_hooks_lines_and_the_task_log(monkeypatch):
+    """Before: Azure's account keys and SAS tokens and a signature were logged as they are in the "Starting a
+    Spark session ... with {...}" line (and so in the task log)."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEST", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    _, conf = HorovodHook("spark_test", spark_conf={**STORAGE_SECRETS, **STORAGE_SETTINGS}).resolve()
+    shown = masked(conf)
+    assert {key: shown[key] for key in STORAGE_SECRETS} == dict.fromkeys(STORAGE_SECRETS, "***")
+    assert {key: shown[key] for key in STORAGE_SETTINGS} == STORAGE_SETTINGS
+    line = redact(f"Starting a Spark session on local[2] with {conf}")
+    assert not [value for value in STORAGE_SECRETS.values() if value in line], line
 
 
 def test_the_operators_conn_id_is_templated():

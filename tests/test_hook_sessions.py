@@ -100,12 +100,18 @@ def test_a_running_spark_context_is_joined_only_where_it_runs_the_job_as_asked(c
         spark.stop()
 
 
-def test_a_hook_run_logs_no_py4j_chatter_and_no_dash_for_a_ui_it_has_not(caplog, capsys, no_session_left):
+def test_a_hook_run_logs_no_py4j_chatter_no_storage_key_and_no_dash_for_a_ui_it_has_not(
+    caplog, capsys, no_session_left
+):
+    account_key = "spark.hadoop.fs.azure.account.key.acct1.dfs.core.windows.net"
     caplog.set_level(logging.INFO)
-    assert HorovodHook("spark_local2", spark_conf={"spark.ui.enabled": "false"}).run(ranks, np=1) == 1
+    conf = {"spark.ui.enabled": "false", account_key: "azure-acc0unt-key=="}
+    assert HorovodHook("spark_local2", spark_conf=conf).run(ranks, np=1) == 1
     assert "Closing down clientserver connection" not in caplog.text  # py4j's lines go through logging
-    started = [line for line in capsys.readouterr().out.splitlines() if "Spark master local[2], application " in line]
+    task_log = capsys.readouterr().out  # where the hook's log goes, as in a task
+    started = [line for line in task_log.splitlines() if "Spark master local[2], application " in line]
     assert started and "UI -" not in started[0], started
+    assert f"'{account_key}': '***'" in task_log and "azure-acc0unt-key" not in task_log
 
 
 def keytab_there(path: str) -> bool:

@@ -69,7 +69,22 @@ _SETTINGS_THAT_MATTER = (
     "spark.executorEnv.",
     "spark.kerberos.",
 )
-_SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private", "keytab", "api_key", "apikey")
+# in a setting's name, any case (spark.hadoop.fs.s3a.secret.key, ...session.token, ...signature); Hadoop's Azure
+# connectors name an account's key fs.azure.account.key.<account>..., a SAS token fs.azure.sas.<container>...
+_SECRET_WORDS = (
+    "secret",
+    "password",
+    "passwd",
+    "token",
+    "credential",
+    "private",
+    "keytab",
+    "api_key",
+    "apikey",
+    "signature",
+    "fs.azure.account.key.",
+    "fs.azure.sas.",
+)
 # OpenLineage's HTTP transport: its headers (Authorization...) and its auth settings but their type
 _SECRET_PREFIXES = ("spark.openlineage.transport.headers.", "spark.openlineage.transport.auth.")
 _NOT_SECRET = ("spark.openlineage.transport.auth.type",)
