@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PIP := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.chromium
-# the MLflow tracking server the tests start: full MLflow, whose pins (pyarrow<26, cachetools<8) are not the project's
+# the MLflow tracking server the tests start: full MLflow with its basic-auth app (mlflow[auth]), whose pins
+# (pyarrow<26, cachetools<8) are not the project's
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 AIRFLOW_HOME ?= $(CURDIR)/airflow_home
@@ -35,7 +36,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 $(MLFLOW_STAMP): constraints-mlflow-server.txt
 	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
 	PIP_CONSTRAINT=$(CURDIR)/constraints-mlflow-server.txt $(MLFLOW_VENV)/bin/python -m pip --disable-pip-version-check -q \
-	  install mlflow
+	  install 'mlflow[auth]'
 	touch $(MLFLOW_STAMP)
 
 $(BROWSER_STAMP): scripts/install_chromium.sh | $(STAMP)

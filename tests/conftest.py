@@ -78,6 +78,17 @@ def mlflow_server(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def mlflow_auth_server(tmp_path_factory):
+    """A real MLflow tracking server with MLflow's basic auth on (a request without its ``username`` and
+    ``password`` gets 401), for the tests that need one: the ``MlflowServer``."""
+    from mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-auth-server"), auth=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def connect_local(tmp_path_factory):
     """The ``sc://`` URL of a Spark Connect server on ``local[2]``, for the whole test session. Its application
     has Spark encrypt its traffic (the driver channel of its runs is TLS then): a local master needs no more

@@ -1,6 +1,6 @@
 """What the modules that run DAGs with ``dag.test()`` share besides conftest's fixtures (``airflow_db``,
-``spark_default_local``, ``dags``): the ``local[2]`` connection, each task's state, its XComs and what it left
-in the task state store."""
+``spark_default_local``, ``dags``): the ``local[2]`` connection, each task's state, its XComs, its rendered
+fields and what it left in the task state store."""
 
 from __future__ import annotations
 
@@ -27,6 +27,20 @@ def xcom(run, task_id: str, key: str = "return_value"):
             XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
         ).first()
         return XComModel.deserialize_value(row) if row is not None else None
+
+
+def rendered(run, task_id: str) -> dict:
+    """The task's rendered template fields as Airflow keeps them (the UI's "Rendered Template")."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields as Rendered
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return session.scalars(
+            select(Rendered.rendered_fields).where(
+                Rendered.dag_id == run.dag_id, Rendered.run_id == run.run_id, Rendered.task_id == task_id
+            )
+        ).one()
 
 
 def stored(run, task_id: str) -> dict:

@@ -1,8 +1,10 @@
-"""A real MLflow tracking server on loopback, from the full MLflow in .venv-mlflow (SQLite store, local artifacts)."""
+"""A real MLflow tracking server on loopback, from the full MLflow in .venv-mlflow (SQLite store, local artifacts),
+with MLflow's basic-auth app on where asked."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -15,12 +17,19 @@ MLFLOW = Path(__file__).resolve().parent.parent / ".venv-mlflow" / "bin" / "mlfl
 
 
 class MlflowServer:
-    """``mlflow server`` with its store and artifacts under ``workdir``; :meth:`start` waits for its /health."""
+    """``mlflow server`` with its store and artifacts under ``workdir``; :meth:`start` waits for its /health.
 
-    def __init__(self, workdir: Path) -> None:
+    ``auth``: MLflow's basic-auth app (``--app-name basic-auth``): every request needs ``username`` and
+    ``password`` (its admin's), and one without them gets 401.
+    """
+
+    def __init__(self, workdir: Path, *, auth: bool = False) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
+        self.auth = auth
+        self.username = "admin"
+        self.password = f"hvd-{secrets.token_hex(8)}"  # (at least 12 characters: MLflow's rule)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 300) -> MlflowServer:
@@ -32,6 +41,9 @@ class MlflowServer:
             "--default-artifact-root", str(self.workdir / "artifacts"),
         ]  # fmt: skip
         env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+        if self.auth:
+            command[2:2] = ["--app-name", "basic-auth"]
+            env.update(self._auth_settings())
         with open(self.workdir / "server.log", "wb") as log:
             # a session of its own: its workers are stopped with it (stop)
             self._proc = subprocess.Popen(
@@ -50,6 +62,20 @@ class MlflowServer:
             time.sleep(0.5)  # nothing to wait on but its answer
         self.stop()
         raise RuntimeError(f"mlflow server did not answer /health within {timeout:g}s:\n{self.log_tail()}")
+
+    def _auth_settings(self) -> dict[str, str]:
+        """The basic-auth app's settings: its users' database in ``workdir``, its admin, nobody else."""
+        config = self.workdir / "basic_auth.ini"
+        config.write_text(
+            "[mlflow]\n"
+            "default_permission = READ\n"
+            f"database_uri = sqlite:///{self.workdir}/basic_auth.db\n"
+            f"admin_username = {self.username}\n"
+            f"admin_password = {self.password}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            "auth_cache_ttl_seconds = 600\n"  # (else each request hashes the password anew: slow on a busy box)
+        )
+        return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
 
     def log_tail(self, lines: int = 30) -> str:
         path = self.workdir / "server.log"

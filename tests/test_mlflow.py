@@ -446,3 +446,124 @@ def test_the_mlflow_setting_is_checked_and_mlflow_must_be_installed(monkeypatch)
     with pytest.raises(ImportError, match=r"pip install 'airflow-provider-hvd\[mlflow\]'"):
         HorovodRunner(np=-2, mlflow=True)
     HorovodRunner(np=-2)  # without mlflow, MLflow is not needed
+
+
+# -- credentials: a tracking server that wants them, and none of them in a log line or a link -------------------
+
+#: what MLflow's client authenticates with besides the tracking URI (mlflow.utils.credentials reads them)
+AUTH_SETTINGS = (
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_AUTH",
+    "MLFLOW_TRACKING_AWS_SIGV4",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+)
+
+
+def logs_a_metric_as_rank_0(names=()):
+    import os
+
+    if int(os.environ["HOROVOD_RANK"]) != 0:
+        return None
+    import mlflow
+
+    mlflow.log_metric("rank0_loss", 0.5, step=1)  # rank 0's own call, to a server that wants a password
+    return {name: os.environ.get(name) for name in names}
+
+
+def executor_env(spark, name: str):
+    import os
+
+    return spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get(name)).collect()[0]
+
+
+def test_rank_0_on_spark_logs_into_a_tracking_server_that_wants_a_password(
+    spark_local, mlflow_auth_server, monkeypatch, caplog, capsys
+):
+    """Before: rank 0 on an executor got the run's id and URI, not the driver's credentials: its
+    ``mlflow.log_metric`` got 401 and the training failed (np<0 worked: its ranks inherit the driver's
+    environment)."""
+    server = mlflow_auth_server
+    # in the driver's environment only: the executors' JVM started before, without them
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", server.username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")  # (a TLS setting: an http server has no TLS)
+    assert executor_env(spark_local, "MLFLOW_TRACKING_PASSWORD") is None
+    caplog.set_level(logging.DEBUG)
+    name = experiment()
+    runner = HorovodRunner(np=2, mlflow={"tracking_uri": server.url, "experiment_name": name})
+    seen = runner.run(logs_a_metric_as_rank_0, names=["MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_INSECURE_TLS"])
+    assert seen == {"MLFLOW_TRACKING_USERNAME": server.username, "MLFLOW_TRACKING_INSECURE_TLS": "true"}
+    client = MlflowClient(server.url)  # (with the credentials of the environment)
+    run = client.get_run(runner.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rank0_loss")] == [(1, 0.5)]
+    assert server.password not in caplog.text + "".join(capsys.readouterr())
+
+
+def test_credentials_in_the_tracking_uri_are_in_no_log_line_and_no_link(mlflow_auth_server, caplog, monkeypatch):
+    """Before: the "MLflow run ... at <url>" line and ``mlflow_run_url`` (the operator's link, the Training tab)
+    held the URI's ``user:password@``."""
+    server, name, started = mlflow_auth_server, experiment(), []
+    for setting in AUTH_SETTINGS:
+        monkeypatch.delenv(setting, raising=False)
+    uri = server.url.replace("://", f"://{server.username}:{server.password}@")
+    caplog.set_level(logging.DEBUG)
+    settings = MlflowSettings(tracking_uri=uri, experiment_name=name, on_start=lambda *run: started.append(run))
+    runner = HorovodRunner(np=-2, mlflow=settings)
+    assert runner.run(logs_a_metric_as_rank_0) == {}  # rank 0 logged with the URI's credentials
+    (run,) = runs_of(MlflowClient(uri), name)
+    assert run.info.status == "FINISHED" and run.data.metrics["rank0_loss"] == 0.5
+    assert runner.mlflow_run_url == f"{server.url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    assert started == [(run.info.run_id, runner.mlflow_run_url)]
+    assert runner.mlflow_run_url in caplog.text and server.password not in caplog.text
+
+
+def test_a_database_password_in_the_tracking_uri_is_not_logged(caplog):
+    """Before: ``could not create the MLflow run in postgresql://hvd:<password>@...`` at WARNING."""
+    uri = "postgresql://hvd:s3cr3t-pw@127.0.0.1:1/mlflow"
+    caplog.set_level(logging.DEBUG)
+    runner = HorovodRunner(np=-2, mlflow={"tracking_uri": uri})
+    assert runner.run(returns_seven) == 7 and runner.mlflow_run_id is None
+    (warning,) = mlflow_warnings(caplog)
+    assert "postgresql://hvd:***@127.0.0.1:1/mlflow" in warning and "goes on without MLflow" in warning
+    assert "s3cr3t-pw" not in caplog.text
+
+
+def test_rank_0_gets_every_setting_mlflow_authenticates_with(monkeypatch, tmp_path):
+    """What MLflow's client of the driver authenticates with (its environment, ``~/.mlflow/credentials``), rank 0
+    gets in its environment: MLflow there resolves the same credentials."""
+    from mlflow.environment_variables import _EnvironmentVariable
+    from mlflow.utils import credentials
+    from mlflow.utils.credentials import get_default_host_creds
+
+    read = {value.name for value in vars(credentials).values() if isinstance(value, _EnvironmentVariable)}
+    assert read == set(AUTH_SETTINGS)  # an MLflow that reads one more fails here: rank 0 needs it too
+    home = tmp_path / "home"
+    (home / ".mlflow").mkdir(parents=True)
+    (home / ".mlflow" / "credentials").write_text(
+        "[mlflow]\nmlflow_tracking_username = u\nmlflow_tracking_password = p4ss\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    for setting in AUTH_SETTINGS:
+        monkeypatch.delenv(setting, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "t0ken")
+    monkeypatch.setenv("MLFLOW_TRACKING_AUTH", "my_auth_plugin")
+    monkeypatch.setenv("MLFLOW_TRACKING_AWS_SIGV4", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", "/etc/ssl/mlflow-ca.pem")
+    monkeypatch.setenv("MLFLOW_TRACKING_CLIENT_CERT_PATH", "/etc/ssl/mlflow-client.pem")
+    driver = vars(get_default_host_creds("https://mlflow:5000"))
+    run = mlflow_run.MlflowRun(MlflowSettings(), "HorovodRunner", 2, {})
+    run.run_id, run.tracking_uri, run.experiment_id = "r1", "https://mlflow:5000", "0"  # (created)
+    env = run.rank_env(0)
+    assert run.rank_env(1) == {}
+    monkeypatch.setenv("HOME", str(tmp_path))  # rank 0's host: no credentials file, only what it was given
+    for setting in AUTH_SETTINGS:
+        monkeypatch.delenv(setting, raising=False)
+    for setting, value in env.items():
+        monkeypatch.setenv(setting, value)
+    assert vars(get_default_host_creds(env["MLFLOW_TRACKING_URI"])) == driver
+    assert driver["username"] == "u" and driver["password"] == "p4ss" and driver["token"] == "t0ken"

@@ -11,12 +11,14 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from dag_runs import killed_once_training, states, stored, xcom
+from dag_runs import killed_once_training, rendered, states, stored, xcom
 
 from airflow_provider_hvd.hooks.mlflow_runs import MLFLOW_KEY
 
 pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
 
+#: the retry's tracking URI carries a user and this password (the tests' server takes any): none of them may show
+PASSWORD = "hvd-uri-pa55word"
 ARTIFACTS = Path(os.environ.get("HVD_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 STEPS = 40  # hvd_mlflow_dags.STEPS
 
@@ -47,14 +49,15 @@ class Lines(logging.Handler):
 
 @pytest.fixture(scope="module")
 def retried(airflow_db, dags, mlflow_server):
-    """hvd_mlflow_retry (local ranks): the first try fails (rank 1 halfway), the retry succeeds; both tracked.
-    The run, its MLflow runs by try, and the provider's log lines."""
+    """hvd_mlflow_retry (local ranks): the first try fails (rank 1 halfway), the retry succeeds; both tracked, in a
+    tracking URI with a user and a password. The run, its MLflow runs by try, and the provider's log lines."""
     logger = logging.getLogger("airflow_provider_hvd")
     lines, level = Lines(), logger.level
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
     try:
-        run = dags["hvd_mlflow_retry"].test(run_conf={"tracking_uri": mlflow_server, "experiment": "hvd-retries"})
+        uri = mlflow_server.replace("://", f"://etl:{PASSWORD}@")
+        run = dags["hvd_mlflow_retry"].test(run_conf={"tracking_uri": uri, "experiment": "hvd-retries"})
     finally:
         logger.removeHandler(lines)
         logger.setLevel(level)
@@ -88,6 +91,7 @@ def test_the_task_links_the_latest_try_s_run(retried, mlflow_server):
     assert stored(run, "train")[MLFLOW_KEY] == {"run_id": second.info.run_id, "url": url, "try_number": 2}
     assert url in log  # the task log
     assert f"MLflow run {second.info.run_id} of try 2 follows the earlier try's run {first.info.run_id}" in log
+    assert PASSWORD not in log and PASSWORD not in str(rendered(run, "train"))  # nor in the task's rendered fields
 
 
 def test_a_mapped_task_s_run_is_named_with_its_map_index(dags, mlflow_server, caplog):
@@ -135,7 +139,7 @@ def test_the_training_tab_links_the_run(retried, monkeypatch):
     assert page.status_code == 200, page.text
     link = stored(run, "train")[MLFLOW_KEY]["url"]
     assert f'MLflow run of try 2: <a href="{link}" target="_blank"' in page.text
-    assert f">{second.info.run_id}</a>" in page.text
+    assert f">{second.info.run_id}</a>" in page.text and PASSWORD not in page.text
 
 
 def test_mlflow_given_wrong_fails_when_the_dag_is_parsed_naming_the_fix():
@@ -159,6 +163,9 @@ def test_the_training_tab_shows_a_stored_run_as_text_and_links_only_web_addresse
     quoted = _mlflow_link({"run_id": "r1", "url": 'http://m/#/x" onclick="x()', "try_number": 1})
     assert 'href="http://m/#/x&quot; onclick=&quot;x()"' in quoted and 'onclick="' not in quoted
     assert _mlflow_link({"url": "http://m"}) == _mlflow_link("not a run") == ""
+    # a run stored with its tracking server's credentials in the address: shown without them
+    kept = _mlflow_link({"run_id": "r1", "url": "https://etl:pw0rd@m:5000/#/experiments/1/runs/r1", "try_number": 1})
+    assert 'href="https://m:5000/#/experiments/1/runs/r1"' in kept and "pw0rd" not in kept and "etl" not in kept
 
 
 def test_the_mlflow_ui_shows_the_retry_s_loss_curve(retried, mlflow_server):

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_hvd.runner.driver.mlflow_run import MAPPING_KEYS, MlflowSettings, mlflow_settings
+from airflow_provider_hvd.runner.driver.mlflow_run import (
+    MAPPING_KEYS,
+    TRACKING_URI_ENV,
+    MlflowSettings,
+    credentials,
+    mlflow_settings,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_hvd.hooks.task_state import StateStore
@@ -38,6 +45,20 @@ def check_mlflow_option(value: object) -> dict[str, Any] | None:
         )
     mlflow_settings(value)
     return dict(value)
+
+
+def mask_credentials(option: Mapping[str, Any] | None) -> None:
+    """Have Airflow mask MLflow's credentials wherever they would show (the task log, the rendered fields): the
+    password of ``mlflow=``'s tracking URI (else of ``MLFLOW_TRACKING_URI``), MLflow's password and token."""
+    if option is None:
+        return
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs
+        return
+    uri = option.get("tracking_uri") or os.environ.get(TRACKING_URI_ENV)
+    for secret in credentials(uri if isinstance(uri, str) else None):
+        mask_secret(secret)
 
 
 def airflow_tags(dag_id: str, task_id: str, run_id: str, try_number: int | None, map_index: int) -> dict[str, str]:
@@ -91,6 +112,7 @@ class TryMlflowRun:
         publish: Callable[[str], None] | None = None,
     ) -> None:
         check_mlflow_option(option)  # as rendered
+        mask_credentials(option)
         self._settings = mlflow_settings(dict(option)) or MlflowSettings()
         self.tags = {**self._settings.tags, **airflow_tags(dag_id, task_id, run_id, try_number, map_index)}
         self.run_name = self._settings.run_name or f"{dag_id}.{task_id}" + (f"[{map_index}]" if map_index >= 0 else "")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
-from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, check_mlflow_option
+from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, check_mlflow_option, mask_credentials
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.operators.openlineage import (
     PARENT_JOB_SETTING,
@@ -32,6 +32,7 @@ from airflow_provider_hvd.runner.errors import RunCancelledError
 from airflow_provider_hvd.runner.runner import check_verbosity
 
 if TYPE_CHECKING:
+    import jinja2
     from airflow.sdk import Context
     from airflow.sdk.types import TaskInstanceKey
 
@@ -101,6 +102,7 @@ class TrainingJobOperator(BaseOperator):
     ) -> None:
         self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
         self.mlflow = check_mlflow_option(mlflow)
+        mask_credentials(self.mlflow)
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
@@ -121,6 +123,10 @@ class TrainingJobOperator(BaseOperator):
         self._hook: HorovodHook | None = None
         self._runner: JobRunner | None = None
         self._killed = False
+
+    def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
+        super().render_template_fields(context, jinja_env)
+        mask_credentials(self.mlflow)  # a rendered tracking URI's password: before Airflow keeps the rendered fields
 
     def make_runner(self, **common: Any) -> JobRunner:
         """The runner of this task's job, from the (rendered) operator's own fields and ``common``: the

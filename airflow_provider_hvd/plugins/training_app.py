@@ -28,6 +28,7 @@ from sqlalchemy import select
 from airflow_provider_hvd.hooks.mlflow_runs import MLFLOW_KEY
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
 from airflow_provider_hvd.plugins.charts import charts_html
+from airflow_provider_hvd.runner.driver.mlflow_run import without_user
 from airflow_provider_hvd.runner.driver.progress import describe_checkpoint
 
 FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
@@ -111,7 +112,7 @@ def _mlflow_link(run: object) -> str:
     url = run.get("url")
     name = _text(run["run_id"])
     shown = (
-        f'<a href="{escape(url, quote=True)}" target="_blank" rel="noopener noreferrer">{name}</a>'
+        f'<a href="{escape(without_user(url), quote=True)}" target="_blank" rel="noopener noreferrer">{name}</a>'
         if isinstance(url, str) and urlsplit(url).scheme in ("http", "https")
         else name
     )

@@ -1,7 +1,8 @@
 """The run's MLflow run, made by the driver when a runner has ``mlflow`` set (docs/mlflow-openlineage.md).
 
-One MLflow run per ``run()``: created before the ranks start (its id goes to rank 0's environment, so that
-``mlflow.log_*`` and ``mlflow.autolog()`` there log into it), fed the metrics rank's ``log_metrics`` reports and
+One MLflow run per ``run()``: created before the ranks start (its id goes to rank 0's environment, with the
+driver's MLflow credentials, so that ``mlflow.log_*`` and ``mlflow.autolog()`` there log into it; credentials
+never show in a log line or a link), fed the metrics rank's ``log_metrics`` reports and
 the checkpoints reported, and ended with the run: FINISHED, FAILED (tag ``hvd.failure``) or KILLED (cancelled).
 Every MLflow call is made on one thread, ``hvd-mlflow-writer``, and the driver waits on it a bounded time only:
 a tracking server that is down, hangs or fails costs the run one warning, never its training. MLflow (the
@@ -20,6 +21,7 @@ import re
 import socket
 import threading
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping
 from types import ModuleType, TracebackType
@@ -50,13 +52,33 @@ RUN_ID_ENV = "MLFLOW_RUN_ID"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ID_ENV = "MLFLOW_EXPERIMENT_ID"
 EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
+USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
+PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
+TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
+#: how MLflow's client authenticates to the tracking server (what ``mlflow.utils.credentials`` reads), and MLflow 3's
+#: workspace, where the run is: rank 0 gets the driver's, since on Spark it runs where the driver's environment
+#: is not (an executor)
+AUTH_ENV = (
+    USERNAME_ENV,
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    "MLFLOW_TRACKING_AUTH",
+    "MLFLOW_TRACKING_AWS_SIGV4",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+    "MLFLOW_WORKSPACE",
+)
+_MASKED = "***"
+_MIN_MASKED = 4  # a shorter secret (an odd password of 1-3 characters) would mask bits of every line
 
 
 @dataclasses.dataclass
 class MlflowSettings:
     """Where and how a runner's MLflow run is made.
 
-    :param tracking_uri: the tracking server (None: MLflow's own ``MLFLOW_TRACKING_URI``, else its default).
+    :param tracking_uri: the tracking server (None: MLflow's own ``MLFLOW_TRACKING_URI``, else its default). A
+        password in it is never shown: log lines show it as ``***``, the run's URL has no user info.
     :param experiment_name: made if missing (None: ``MLFLOW_EXPERIMENT_NAME``, else MLflow's default experiment).
     :param run_name: the run's name (None: one MLflow makes up).
     :param tags: set on the run, beside the runner's own ``hvd.*`` tags.
@@ -117,10 +139,64 @@ def import_mlflow() -> ModuleType:
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The run's page in the MLflow UI, for an http(s) tracking server."""
+    """The run's page in the MLflow UI, for an http(s) tracking server (without the URI's user and password)."""
     if urllib.parse.urlsplit(tracking_uri).scheme not in ("http", "https"):
         return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{without_user(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _user_info(uri: str) -> tuple[str, str, str] | None:
+    """``uri`` as (``scheme://``, its user info, what follows the ``@``), or None when it has no user info."""
+    scheme, sep, rest = uri.partition("://")
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if not sep or "@" not in netloc:
+        return None
+    user_info, _, host = netloc.rpartition("@")
+    return scheme + sep, user_info, host + rest[len(netloc) :]
+
+
+def without_user(uri: str) -> str:
+    """``uri`` without its user info (``https://user:pw@host/x`` → ``https://host/x``): a link to share."""
+    parts = _user_info(uri)
+    return uri if parts is None else parts[0] + parts[2]
+
+
+def shown_uri(uri: str) -> str:
+    """``uri`` as a log line shows it: its password as ``***`` (``postgresql://etl:***@db/mlflow``), a user info
+    without one (a token) all ``***``."""
+    parts = _user_info(uri)
+    if parts is None:
+        return uri
+    user, colon, _ = parts[1].partition(":")
+    return f"{parts[0]}{user + colon if colon else ''}{_MASKED}@{parts[2]}"
+
+
+def auth_env() -> dict[str, str]:
+    """MLflow's authentication settings of this process as environment variables (:data:`AUTH_ENV`): its
+    environment's, and the user and password of ``~/.mlflow/credentials``, which rank 0's host may not have."""
+    env = {name: os.environ[name] for name in AUTH_ENV if os.environ.get(name)}
+    try:
+        from mlflow.utils.credentials import read_mlflow_creds
+
+        creds = read_mlflow_creds()  # (the environment's first, else the file's)
+    except Exception:  # noqa: BLE001 - an MLflow without it (or an unreadable file): the environment's only
+        return env
+    env.update({USERNAME_ENV: creds.username} if creds.username else {})
+    env.update({PASSWORD_ENV: creds.password} if creds.password else {})
+    return env
+
+
+def credentials(tracking_uri: str | None, env: Mapping[str, str] | None = None) -> list[str]:
+    """The secrets to keep out of anything shown: the password of ``tracking_uri`` (as written and decoded), and
+    MLflow's password and token of ``env`` (:func:`auth_env`'s when None); longest first."""
+    found = []
+    parts = _user_info(tracking_uri or "")
+    if parts is not None and ":" in parts[1]:
+        password = parts[1].split(":", 1)[1]
+        found += [password, urllib.parse.unquote(password)]
+    settings = auth_env() if env is None else env
+    found += [settings[name] for name in (PASSWORD_ENV, TOKEN_ENV) if settings.get(name)]
+    return sorted({secret for secret in found if len(secret) >= _MIN_MASKED}, key=len, reverse=True)
 
 
 def _absolute(uri: str) -> str:
@@ -182,8 +258,9 @@ class MlflowRun:
         }
         self.run_id: str | None = None
         self.url: str | None = None
-        self.tracking_uri: str | None = None
+        self.tracking_uri: str | None = None  # as given: never shown (it may hold a password), see _shown
         self.experiment_id: str | None = None
+        self._secrets: list[str] = []  # the tracking server's credentials, never shown
         self._client: Any = None
         self._lock = threading.Lock()
         self._metrics: list[Any] = []  # mlflow.entities.Metric, due
@@ -202,9 +279,10 @@ class MlflowRun:
     def start(self) -> bool:
         """Create the run (on the writer thread), waiting at most ``START_WAIT_S``; whether there is one."""
         mlflow = import_mlflow()
-        uri = _absolute(self.settings.tracking_uri or mlflow.get_tracking_uri())
-        self.tracking_uri = uri
-        why = _unreachable(uri)
+        self.tracking_uri = _absolute(self.settings.tracking_uri or mlflow.get_tracking_uri())
+        self._secrets = credentials(self.tracking_uri)
+        uri = shown_uri(self.tracking_uri)
+        why = _unreachable(self.tracking_uri)
         if why is not None:
             self._warn_once(f"the MLflow tracking server {uri} is unreachable: {why}; the run goes on without MLflow")
             return False
@@ -222,7 +300,7 @@ class MlflowRun:
             return False
         run_id, experiment_id = self.run_id, self.experiment_id
         assert run_id is not None and experiment_id is not None
-        self.url = run_url(uri, experiment_id, run_id)
+        self.url = run_url(self.tracking_uri, experiment_id, run_id)
         log.info("%s: MLflow run %s%s", self.runner, self.run_id, f" at {self.url}" if self.url else f" in {uri}")
         if self.settings.on_start is not None:
             try:
@@ -232,10 +310,22 @@ class MlflowRun:
         return True
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """Rank 0 logs into the run (``mlflow.log_*``, ``mlflow.autolog()``); the other ranks get nothing."""
+        """Rank 0 logs into the run (``mlflow.log_*``, ``mlflow.autolog()``) with the driver's MLflow credentials
+        (:data:`AUTH_ENV`: they go to it over the run's channel, as its whole environment does); the other ranks
+        get nothing."""
         if rank != 0 or self.run_id is None or self.tracking_uri is None or self.experiment_id is None:
             return {}
-        return {RUN_ID_ENV: self.run_id, TRACKING_URI_ENV: self.tracking_uri, EXPERIMENT_ID_ENV: self.experiment_id}
+        uri, auth = self.tracking_uri, auth_env()
+        parts = _user_info(uri)
+        if parts is not None and ":" in parts[1] and urllib.parse.urlsplit(uri).scheme in ("http", "https"):
+            # MLflow prints an http(s) run's URL as the run ends ("View run ... at <tracking URI>/#/..."): the URI's
+            # user and password go to MLflow's basic-auth settings instead, which it sends the same way (and which
+            # win over the URI's where both are set, as for the driver's client)
+            uri = without_user(uri)
+            if not (auth.get(USERNAME_ENV) and auth.get(PASSWORD_ENV)):
+                user, _, password = parts[1].partition(":")
+                auth.update({USERNAME_ENV: urllib.parse.unquote(user), PASSWORD_ENV: urllib.parse.unquote(password)})
+        return {**auth, RUN_ID_ENV: self.run_id, TRACKING_URI_ENV: uri, EXPERIMENT_ID_ENV: self.experiment_id}
 
     def take(self, rank: int | None, message: Message) -> None:
         """A rank's report (the channel's thread): the metrics rank's metrics, every checkpoint; never raises."""
@@ -283,7 +373,7 @@ class MlflowRun:
                 "%s: %d metric points wait for the MLflow tracking server %s: those reported past them are not sent",
                 self.runner,
                 _MAX_DUE,
-                self.tracking_uri,
+                self._shown(self.tracking_uri or ""),
             )
 
     def end(self, error: BaseException | None) -> None:
@@ -319,7 +409,15 @@ class MlflowRun:
         with self._lock:
             warn, self._warned = not self._warned, True
         if warn:
-            log.warning("%s: %s", self.runner, text)
+            log.warning("%s: %s", self.runner, self._shown(text))
+
+    def _shown(self, text: str) -> str:
+        """``text`` without the credentials of the tracking server (MLflow's errors may hold its URI)."""
+        if self.tracking_uri:
+            text = text.replace(self.tracking_uri, shown_uri(self.tracking_uri))
+        for secret in self._secrets:
+            text = text.replace(secret, _MASKED)
+        return text
 
     # -- the writer thread ----------------------------------------------------------------------------------
 
@@ -417,7 +515,7 @@ class MlflowRun:
                 f"could not {what} in the MLflow run {self.run_id} ({self.tracking_uri}): {exc!r}; the training "
                 "goes on (later MLflow errors of this run are logged at DEBUG)"
             )
-            log.debug("%s: could not %s", self.runner, what, exc_info=True)
+            log.debug("%s: could not %s: %s", self.runner, what, self._shown(traceback.format_exc()))
 
 
 def start_mlflow_run(
