@@ -6,13 +6,18 @@ import importlib.util
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
-from dag_runs import LOCAL2, killed_once_training, states, xcom
+from dag_runs import LOCAL2, killed_once_training, states, stored, xcom
 from jobs import assert_all_gone, wait_for_pids
 from rank_lines import tagged_lines
+
+from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY
 
 pytestmark = pytest.mark.usefixtures("airflow_db", "spark_default_local")
 
@@ -51,12 +56,19 @@ def test_multiple_outputs_and_templated_arguments(dags):
     assert xcom(run, "train", "run_id") == run.run_id
 
 
-def test_a_value_airflow_cannot_store_fails_with_advice(dags, capsys):
-    run = dags["hvd_bad_xcom"].test()
+def test_a_value_airflow_cannot_store_fails_once_with_advice_and_is_not_trained_again(dags, capsys, tmp_path):
+    """Before: a TypeError after the training, which Airflow retries: each of the 2 retries trained again, and the
+    successful training's checkpoint was not marked finished."""
+    run = dags["hvd_bad_xcom"].test(run_conf={"marks": str(tmp_path)})  # retries=2
     assert states(run) == {"unstorable": "failed"}
+    assert (tmp_path / "trained").read_text().splitlines() == ["trained"]  # one try, one training
+    assert [ti.try_number for ti in run.get_task_instances()] == [1]
+    checkpoint = stored(run, "unstorable")[CHECKPOINT_KEY]
+    assert checkpoint["path"] == str(tmp_path / "model.pt") and checkpoint["finished"] is True
     task_log = capsys.readouterr().out
     assert "returned a torch.nn.modules.linear.Linear, which Airflow cannot store as an XCom" in task_log
     assert "save the object (a model, a tensor) to shared storage and return its path" in task_log
+    assert "AirflowFailException" in task_log  # the task fails for good: a retry would train again
 
 
 def test_killed_task_fails_and_leaves_nothing_running(dags, tmp_path, caplog):
@@ -69,6 +81,34 @@ def test_killed_task_fails_and_leaves_nothing_running(dags, tmp_path, caplog):
     assert "HorovodRunner: the run was cancelled; ending 2 running rank(s)" in caplog.text
     assert_all_gone(wait_for_pids(str(pid_dir), 2, timeout=1))
     assert SparkContext._active_spark_context is None, "the task's SparkContext (and its jobs) outlived it"
+
+
+def test_a_kill_while_the_openlineage_settings_are_built_ends_the_task_before_its_ranks_start(
+    dags, pid_dir, monkeypatch, caplog, capsys
+):
+    """Before: ``on_kill`` in that window only set a flag: the whole job ran (both ranks), then the task failed."""
+    from airflow_provider_hvd.operators import training_job
+
+    killed, on_kill = threading.Event(), training_job.TrainingJobOperator.on_kill
+
+    def on_kill_noted(self) -> None:
+        on_kill(self)
+        killed.set()
+
+    def slow_lineage(*args, **kwargs) -> dict:  # OpenLineage's step takes long, and the task is killed meanwhile
+        os.kill(os.getpid(), signal.SIGTERM)  # what Airflow's supervisor sends on a kill; the task runs on_kill()
+        assert killed.wait(60), "on_kill() was not called"
+        return {}
+
+    monkeypatch.setattr(training_job.TrainingJobOperator, "on_kill", on_kill_noted)
+    monkeypatch.setattr(training_job, "openlineage_properties", slow_lineage)
+    began = time.monotonic()
+    run = dags["hvd_on_kill_early"].test(run_conf={"pid_dir": pid_dir})
+    took = time.monotonic() - began
+    assert states(run) == {"train_briefly": "failed"}
+    assert "RunCancelledError: the job was cancelled before its ranks started" in capsys.readouterr().out
+    assert "ranks started" not in caplog.text and os.listdir(pid_dir) == [], "ranks ran after the task was killed"
+    assert took < 60, f"the killed task took {took:.0f}s"  # no Spark session, no ranks: seconds
 
 
 def test_airflow_tasks_test_from_the_command_line():

@@ -219,13 +219,19 @@ class HorovodHook(BaseHook):
         super().__init__()
         self.conn_id = conn_id
         self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
-        self.openlineage_conf = {k: v for k, v in (openlineage_conf or {}).items() if k not in self.spark_conf}
+        self.openlineage_conf: dict[str, str] = {}
+        self.add_openlineage_conf(openlineage_conf or {})
         self.app_name = app_name
         self._runner: JobRunner | None = None
         self._cancelled = False
         self._gateway: JavaGateway | None = None  # the JVM this hook started, if it did
         self.ui_url: str | None = None
         self.history_server: str | None = None
+
+    def add_openlineage_conf(self, conf: Mapping[str, str]) -> None:
+        """OpenLineage's properties for the session the hook starts, those ``spark_conf`` does not set (an
+        operator adds them once its hook exists: a :meth:`cancel` meanwhile is not lost)."""
+        self.openlineage_conf.update({key: value for key, value in conf.items() if key not in self.spark_conf})
 
     def _connection(self) -> Connection:
         try:

@@ -160,16 +160,15 @@ class TrainingJobOperator(BaseOperator):
         return {name: context[name] for name in wanted}  # type: ignore[literal-required]
 
     def execute(self, context: Context) -> Any:
+        # the hook first, before anything that takes time (OpenLineage's settings, the task state store, the
+        # Spark session): an on_kill() from now on cancels its job, which then ends before its ranks start
+        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
+        if self._killed:  # on_kill() came before the hook
+            raise RunCancelledError(f"the task was killed before its {self.kind} job started")
         local = self.runs_locally()
         kwargs = {**self._context_kwargs(context), **self.op_kwargs}
-        if self._killed:  # on_kill() came before the job started
-            raise RunCancelledError(f"the task was killed before its {self.kind} job started")
-        self._hook = HorovodHook(
-            self.conn_id,
-            self.spark_conf,
-            app_name=f"{self.dag_id}.{self.task_id}",
-            openlineage_conf=None if local else self._openlineage_conf(context),
-        )
+        if not local:
+            self._hook.add_openlineage_conf(self._openlineage_conf(context))
         progress = self._task_state_progress(context)
         self.mlflow_run = self._mlflow_run(context)
         tracking = {"mlflow": self.mlflow_run.settings()} if self.mlflow_run else {}
@@ -188,10 +187,10 @@ class TrainingJobOperator(BaseOperator):
             self.spark_ui_url = self._hook.ui_url
         if self._killed:  # Airflow lets execute go on after on_kill(): the task must not end as a success
             raise RunCancelledError(f"the task was killed; every {self.kind} rank was ended")
+        if progress is not None:  # the training succeeded, whatever becomes of its value
+            progress.mark_finished(runner.checkpoint)
         if self.do_xcom_push:
             self._check_xcom_value(value)
-        if progress is not None:
-            progress.mark_finished(runner.checkpoint)
         return value
 
     def _openlineage_conf(self, context: Context) -> dict[str, str]:
@@ -231,18 +230,22 @@ class TrainingJobOperator(BaseOperator):
         )
 
     def _check_xcom_value(self, value: Any) -> None:
+        """A value no XCom can hold fails the task for good (a retry would train again, to the same end)."""
+        from airflow.sdk.exceptions import AirflowFailException
         from airflow.sdk.execution_time.xcom import XCom
 
         try:
             XCom.serialize_value(value)
         except Exception as exc:  # noqa: BLE001 - whatever the backend raises, say what to do instead
-            raise TypeError(
+            raise AirflowFailException(
                 f"Rank 0 of {self.task_id!r} returned a {type(value).__module__}.{type(value).__qualname__}, "
                 f"which Airflow cannot store as an XCom ({exc}). Return plain data (numbers, strings, lists, "
-                "dicts), or save the object (a model, a tensor) to shared storage and return its path."
+                "dicts), or save the object (a model, a tensor) to shared storage and return its path. The "
+                "training itself succeeded; the task fails without a retry, which would only train again."
             ) from exc
 
     def on_kill(self) -> None:
         self._killed = True
-        if self._hook is not None:
-            self._hook.cancel()
+        hook = self._hook
+        if hook is not None:  # (None: execute has not made it yet, and sees the flag once it has)
+            hook.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pendulum
 from airflow.sdk import DAG, task
 
@@ -19,15 +21,38 @@ with DAG("hvd_multiple_outputs", schedule=None, start_date=START, catchup=False,
     train(run_tag="{{ dag.dag_id }}")
 
 
-with DAG("hvd_bad_xcom", schedule=None, start_date=START, catchup=False):
+with DAG("hvd_bad_xcom", schedule=None, start_date=START, catchup=False, params={"marks": ""}):
 
-    @task.horovod(np=-2)
-    def unstorable():
+    @task.horovod(np=-2, retries=2, retry_delay=timedelta(0))
+    def unstorable(marks: str):
+        """Trains (rank 0 marks it in ``marks``/trained, reports a checkpoint), then returns what no XCom holds."""
+        import os
+        from pathlib import Path
+
         import torch
 
+        from airflow_provider_hvd import report_checkpoint
+
+        if os.environ["HOROVOD_RANK"] == "0":
+            with open(Path(marks, "trained"), "a") as trained:
+                trained.write("trained\n")
+            report_checkpoint(str(Path(marks, "model.pt")), epoch=1)
         return torch.nn.Linear(2, 1)  # the model itself, not its path
 
-    unstorable()
+    unstorable(marks="{{ params.marks }}")
+
+
+with DAG("hvd_on_kill_early", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
+
+    @task.horovod(np=2, openlineage_inject_parent_job_info=True)
+    def train_briefly(pid_dir: str) -> None:
+        """Each rank writes its pid and returns: the task is killed before the ranks start (tests)."""
+        import os
+        from pathlib import Path
+
+        Path(pid_dir, f"rank-{os.environ['HOROVOD_RANK']}.pid").write_text(str(os.getpid()))
+
+    train_briefly(pid_dir="{{ params.pid_dir }}")
 
 
 with DAG("hvd_on_kill", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
