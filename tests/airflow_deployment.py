@@ -1,5 +1,7 @@
 """A real Airflow deployment for the tests: `airflow standalone` (scheduler with LocalExecutor, API server, dag
-processor, triggerer) in its own AIRFLOW_HOME on SQLite, on a free loopback port, driven through the REST API."""
+processor, triggerer) in its own AIRFLOW_HOME, on a database of its own on the tests' PostgreSQL server
+(tests/postgres.py: as production, not SQLite, which several components writing at once found locked under
+load), on a free loopback port, driven through the REST API."""
 
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would
 
 
 class AirflowDeployment:
-    """``airflow standalone`` under ``home``; every process it starts is ended by :meth:`stop`."""
+    """``airflow standalone`` under ``home`` on the metadata database ``database`` (a SQLAlchemy URL, e.g.
+    :meth:`postgres.PostgresServer.create_database`'s); every process it starts is ended by :meth:`stop`."""
 
-    def __init__(self, home: Path, dags_folder: str, env: dict[str, str]) -> None:
+    def __init__(self, home: Path, dags_folder: str, database: str, env: dict[str, str]) -> None:
         self.home = home
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
@@ -38,15 +41,16 @@ class AirflowDeployment:
             "AIRFLOW__CORE__DAGS_FOLDER": dags_folder,
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # the REST API without a login
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database,
             "AIRFLOW__API__HOST": LOOPBACK,
             "AIRFLOW__API__PORT": str(self.port),
             **env,
         }
-        # SQLite serves the scheduler, the tasks and the API server: on a loaded machine a request may wait minutes
+        # on a loaded 2-core machine the API server may take a while to answer
         self.api = httpx.Client(base_url=f"{self.url}/api/v2", timeout=300)
         self._proc: subprocess.Popen | None = None
 

@@ -89,6 +89,17 @@ def mlflow_auth_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server (tests/postgres.py) for the real Airflow deployments' metadata databases: make each
+    one's with ``postgres.create_database(name)``."""
+    from postgres import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def connect_local(tmp_path_factory):
     """The ``sc://`` URL of a Spark Connect server on ``local[2]``, for the whole test session. Its application
     has Spark encrypt its traffic (the driver channel of its runs is TLS then): a local master needs no more

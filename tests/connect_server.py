@@ -16,7 +16,7 @@ from typing import Any
 
 import pyspark
 from jvm import daemon_env
-from spark_cluster import LOOPBACK, free_port
+from spark_cluster import LOOPBACK, free_port, signal_group
 
 
 class ConnectServer:
@@ -119,17 +119,9 @@ class ConnectServer:
             os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         deadline = time.monotonic() + 30
-        while _group_alive(self._proc.pid) and time.monotonic() < deadline:  # the JVM may outlive its script
+        while signal_group(self._proc.pid, 0) and time.monotonic() < deadline:  # the JVM may outlive its script
             time.sleep(0.2)
         self._proc = None
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @contextlib.contextmanager

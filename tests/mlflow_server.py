@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from spark_cluster import LOOPBACK, free_port
+from spark_cluster import LOOPBACK, free_port, signal_group
 
 MLFLOW = Path(__file__).resolve().parent.parent / ".venv-mlflow" / "bin" / "mlflow"
 
@@ -87,23 +87,14 @@ class MlflowServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        _signal_group(proc.pid, signal.SIGTERM)
+        signal_group(proc.pid, signal.SIGTERM)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             proc.wait(10)
         deadline = time.monotonic() + 20
-        while _signal_group(proc.pid, 0):  # its workers (not our children: no wait() to block on)
+        while signal_group(proc.pid, 0):  # its workers (not our children: no wait() to block on)
             if time.monotonic() > deadline:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
             time.sleep(0.1)
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Whether the process group still had a member to signal."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True

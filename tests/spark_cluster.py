@@ -23,6 +23,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a server's process group: whether it still had a member to signal (0 only asks)."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class StandaloneCluster:
     """``workers`` workers of ``cores`` cores; with ``gpus`` > 0, each has that many made-up GPUs, numbered on
     from the previous worker's (worker 0: "0", "1"; worker 1: "2", "3"), which Spark schedules as real ones."""

@@ -40,7 +40,7 @@ def hosts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def airflow(standalone_cluster, hosts, connect_local, mlflow_server, tmp_path_factory, request):
+def airflow(standalone_cluster, hosts, connect_local, mlflow_server, postgres, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-deployment")
     # a spark connection as the connection form invites: the scheme in Host, the port in its own field
     spark_default = {
@@ -62,7 +62,8 @@ def airflow(standalone_cluster, hosts, connect_local, mlflow_server, tmp_path_fa
             {"conn_type": "spark", "host": f"spark://{hosts.driver_address}", "port": hosts.port, "extra": on_hosts}
         )
     failed_before = request.session.testsfailed
-    deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env).start(DAGS)
+    database = postgres.create_database("airflow_deployment")
+    deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], database, env).start(DAGS)
     yield deployment
     deployment.stop()
     show_log_if_failed(request, deployment, failed_before)

@@ -53,7 +53,7 @@ class LoggedInDeployment(AirflowDeployment):
 
 
 @pytest.fixture(scope="module")
-def airflow(standalone_cluster, tmp_path_factory, request):
+def airflow(standalone_cluster, postgres, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-long-runs")
     (home / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
     plugins = home / "plugins"
@@ -76,7 +76,8 @@ def airflow(standalone_cluster, tmp_path_factory, request):
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
     }
     failed_before = request.session.testsfailed
-    deployment = LoggedInDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], env)
+    database = postgres.create_database("airflow_long_runs")
+    deployment = LoggedInDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], database, env)
     try:
         deployment.start([DAG], timeout=600)
     except BaseException:
@@ -134,7 +135,7 @@ def test_the_training_tab_draws_the_curves_live_in_a_browser(airflow, tmp_path):
 def runs(airflow, tmp_path_factory):
     """A run that never fails, and one whose first try fails after epoch 3: same seed, same data."""
     done = {}
-    for name, fail_after_epoch in (("never_failed", 0), ("retried", 3)):  # one after the other: SQLite
+    for name, fail_after_epoch in (("never_failed", 0), ("retried", 3)):  # one after the other: one job fits
         ckpt_dir = tmp_path_factory.mktemp(f"ckpt-{name}")
         run_id = airflow.trigger(DAG, {"ckpt_dir": str(ckpt_dir), "fail_after_epoch": fail_after_epoch})
         done[name] = (run_id, airflow.wait_for_run(DAG, run_id, timeout=600), ckpt_dir)
