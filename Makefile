@@ -43,9 +43,12 @@ $(BROWSER_STAMP): scripts/install_chromium.sh | $(STAMP)
 	scripts/install_chromium.sh
 	touch $(BROWSER_STAMP)
 
+# The suite on pytest-xdist workers, whole modules to a worker, the modules that share a server together
+# (tests/conftest.py: WORKER_GROUPS); 2 for 2 cores, measured (docs/development.md)
+TEST_WORKERS ?= 2
 test: setup
 	$(MAKE) --no-print-directory check
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra -n $(TEST_WORKERS)
 
 # The linter, the formatter's check and the type checker (strict on the core runner), then the docs.
 check: setup

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,54 @@ from jvm import use_lean_jvms  # noqa: E402
 from spark_cluster import StandaloneCluster  # noqa: E402
 
 use_lean_jvms()  # before any JVM starts: the suite's CPU goes mostly to starting JVMs
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+# --- pytest-xdist (`make test` runs the suite on several workers: docs/development.md) ---
+# A worker takes whole modules (one SparkContext at a time; each module's fixtures start once), and starts the
+# session-wide servers its modules use for itself. The modules that share the expensive ones share a worker, so
+# that each server starts once or twice in a run, not on every worker:
+# - "deployment": the real Airflow deployments (PostgreSQL, the standalone cluster, namespace hosts, the local
+#   Connect server, MLflow) and the other MLflow modules;
+# - "servers": the other modules on the standalone cluster and on the local Connect server.
+# Workers take the groups in this order, then the other modules: the longest first, so that none starts last.
+WORKER_GROUPS = {
+    "deployment": ["test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"],
+    "servers": [
+        *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
+        *("test_slot_wait", "test_standalone_cluster"),
+    ],
+    **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
+    **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},
+}
+_GROUP_OF = {module: group for group, modules in WORKER_GROUPS.items() for module in modules}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules or groups of them to a worker, for any of xdist's load modes (its own --dist loadgroup marks
+    a test's group in its node id, which pytest 9 no longer lets it change: the groups were lost)."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return _GROUP_OF.get(Path(module).stem, module)
+
+    config.option.loadscopereorder = False  # the collection's order, which workers give the groups' (below)
+    return ModuleGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker collects the same order: the order groups are given in
+        rank = {group: i for i, group in enumerate(WORKER_GROUPS)}
+        items.sort(key=lambda item: rank.get(_GROUP_OF.get(item.path.stem, ""), len(rank)))
+
 
 _session_keys: set[str] = set()
 
@@ -143,9 +192,9 @@ def pid_dir(tmp_path) -> str:
 # "spark_default_local")); tests/dag_runs.py has what else they share.
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def airflow_db():
-    """Airflow's metadata database (SQLite, in the tests' Airflow home), migrated."""
+    """Airflow's metadata database (SQLite, in the tests' Airflow home), migrated once for the test process."""
     import subprocess
 
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)

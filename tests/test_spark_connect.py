@@ -4,6 +4,7 @@ local[2] (whose application encrypts its traffic: the driver channel is TLS) and
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
@@ -62,14 +63,23 @@ def barrier_job_runs(spark, tasks: int = 2) -> bool:
 
 def our_processes() -> list[psutil.Process]:
     """This runner's processes on this host beside this test process: agents' reapers and rank processes, of
-    this checkout's interpreter (another checkout's test run on the machine has its own)."""
+    this checkout's interpreter (another checkout's test run on the machine has its own) and of this pytest-xdist
+    worker (they inherit its PYTEST_XDIST_WORKER through the server and its executors; another worker's runs are
+    its own)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if sys.executable not in cmdline:
             continue
-        if "airflow_provider_hvd.runner.reaper" in cmdline or "airflow_provider_hvd.runner.rank" in cmdline:
-            found.append(proc)
+        if "airflow_provider_hvd.runner.reaper" not in cmdline and "airflow_provider_hvd.runner.rank" not in cmdline:
+            continue
+        try:
+            if worker is not None and proc.environ().get("PYTEST_XDIST_WORKER") != worker:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        found.append(proc)
     return found
 
 
