@@ -15,11 +15,13 @@ with DAG(
     schedule=None,
     start_date=START,
     catchup=False,
-    params={"ckpt_dir": "", "fail_after_epoch": 0, "epochs": 6, "epoch_pause_s": 0.0},
+    params={"ckpt_dir": "", "fail_after_epoch": 0, "epochs": 6, "epoch_pause_s": 0.0, "hold_until": ""},
 ):
 
     @task.horovod(np=2, retries=1, retry_delay=timedelta(seconds=1))
-    def train(ckpt_dir: str, fail_after_epoch: str, epochs: str, epoch_pause_s: str, try_number: str) -> dict:
+    def train(
+        ckpt_dir: str, fail_after_epoch: str, epochs: str, epoch_pause_s: str, hold_until: str, try_number: str
+    ) -> dict:
         """2 ranks, checkpointing every epoch; the first try fails after epoch ``fail_after_epoch`` and the retry
         resumes from its checkpoint. ``train_resumable`` is in progress_jobs.py beside this file: not installed,
         it travels with the job."""
@@ -28,6 +30,7 @@ with DAG(
             epochs=int(epochs),
             fail_after_epoch=int(fail_after_epoch) if int(try_number) == 1 else 0,
             epoch_pause_s=float(epoch_pause_s),
+            hold_until=hold_until,
         )
 
     train(
@@ -35,5 +38,6 @@ with DAG(
         fail_after_epoch="{{ params.fail_after_epoch }}",
         epochs="{{ params.epochs }}",
         epoch_pause_s="{{ params.epoch_pause_s }}",
+        hold_until="{{ params.hold_until }}",
         try_number="{{ ti.try_number }}",
     )

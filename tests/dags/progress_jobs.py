@@ -7,14 +7,20 @@ import os
 
 
 def train_resumable(
-    ckpt_dir: str, epochs: int = 6, fail_after_epoch: int = 0, seed: int = 7, epoch_pause_s: float = 0.0
+    ckpt_dir: str,
+    epochs: int = 6,
+    fail_after_epoch: int = 0,
+    seed: int = 7,
+    epoch_pause_s: float = 0.0,
+    hold_until: str = "",
 ) -> dict:
     """A small classifier trained on 2 ranks with SGD + momentum, resumable from ``last_checkpoint()``.
 
     Rank 0 saves the model and optimizer state after every epoch and reports it; with ``fail_after_epoch``,
-    every rank fails once rank 0 has reported that epoch's checkpoint; ``epoch_pause_s`` slows each epoch down
-    (to watch a run live). Same seed, same data: the final weights of a resumed run match those of a run that
-    never failed, bit for bit.
+    every rank fails once rank 0 has reported that epoch's checkpoint; ``epoch_pause_s`` slows each epoch down;
+    with ``hold_until`` (a path), the ranks wait after their first epoch until that file exists (to watch a run
+    live: the watcher releases it once it has seen the first epoch). Same seed, same data: the final weights of a
+    resumed run match those of a run that never failed, bit for bit.
     """
     import hashlib
     import time
@@ -64,6 +70,10 @@ def train_resumable(
         hvd.allreduce(torch.zeros(1), name=f"saved-{epoch}")  # rank 1 goes on once rank 0 has reported
         if epoch == fail_after_epoch:  # every rank: which one the driver names first is not this test's point
             raise RuntimeError(f"simulated failure after epoch {epoch}")
+        if hold_until and epoch == start + 1:  # until the watcher has seen this try's first epoch (10 min at most)
+            given_up = time.monotonic() + 600
+            while not os.path.exists(hold_until) and time.monotonic() < given_up:
+                time.sleep(0.2)
         time.sleep(epoch_pause_s)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     return {"resumed_from": checkpoint, "epochs_trained": trained, "weights_sha256": digest, "loss": loss}
