@@ -75,6 +75,34 @@ def test_a_scripts_helper_modules_beside_it_travel_with_the_job(tmp_path, throug
     assert "rank 0 returned 18.0" in proc.stdout  # 2 * 3 * (1 + 2)
 
 
+HELPER_BESIDE_MAIN = "WHERE = 'helper.py'\n\n\ndef where_main_is():\n    return f'main from {WHERE}'\n"
+
+
+@pytest.mark.parametrize("imported_first", ["torch", "multiprocessing"])
+@pytest.mark.parametrize(
+    "runner",
+    ["HorovodRunner(np=-2)", "TorchDistributor(2, local_mode=True, use_gpu=False)"],
+    ids=["HorovodRunner", "TorchDistributor"],
+)
+def test_main_from_a_helper_module_beside_a_script_that_imports_multiprocessing(tmp_path, runner, imported_first):
+    """`main.py` doing `import torch; import helper; runner.run(helper.main)`, the commonest layout. torch imports
+    multiprocessing, which makes `__mp_main__` an alias of `__main__` in sys.modules. Before: ValueError:
+    <module '__main__' from '.../main.py'> is not registered for pickle by value, from cloudpickle, before any rank
+    started (main.py was listed twice beside helper.py, and unregistered twice)."""
+    (tmp_path / "helper.py").write_text(HELPER_BESIDE_MAIN)
+    (tmp_path / "main.py").write_text(
+        f"import {imported_first}\n"
+        "import helper\n"
+        "from airflow_provider_hvd import HorovodRunner, TorchDistributor\n"
+        f"print('rank 0 returned', {runner}.run(helper.where_main_is))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 returned main from helper.py" in proc.stdout
+
+
 def test_distributed_training_converges_with_equal_weights():
     result = HorovodRunner(np=-2).run(train_linear)
     assert result["rank"] == 0

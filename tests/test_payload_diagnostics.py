@@ -153,3 +153,15 @@ def test_an_installed_package_beside_main_is_not_shipped_by_value():
     beside = {module.__name__ for module in payload.modules_beside(script)}
     assert not {name for name in beside if name.startswith("airflow_provider_hvd")}, beside
     assert jobs.__name__ in beside  # tests/jobs.py: a module of the project's, not installed
+
+
+def test_a_module_the_user_registered_by_value_stays_registered_after_a_run():
+    """Before: the run unregistered it, and the user's own pickling by value of jobs.py stopped working after it."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(jobs)
+    try:
+        assert HorovodRunner(np=-2).run(jobs._record_pid, pid_dir=None, rank=0) is None  # (a main that imports nothing)
+        assert jobs.__name__ in cloudpickle.list_registry_pickle_by_value()
+    finally:
+        cloudpickle.unregister_pickle_by_value(jobs)

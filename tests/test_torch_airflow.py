@@ -3,6 +3,11 @@ XComs, the task log, the task state store, on_kill."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from dag_runs import killed_once_training, states, stored, xcom
 from jobs import assert_all_gone, wait_for_pids
@@ -71,3 +76,18 @@ def test_bad_num_processes_is_refused_when_the_dag_is_parsed():
         TorchDistributorOperator(task_id="t", python_callable=print, num_processes=0)
     with pytest.raises(ValueError, match="exit_timeout must be a positive number of seconds"):
         TorchDistributorOperator(task_id="t", python_callable=print, num_processes=2, exit_timeout=-5)
+
+
+def test_a_dag_file_run_as_a_script_ships_the_training_function_beside_it():
+    """`python torch_test_dags.py`, whose `__main__` block calls dag.test(), with the task's callable from
+    helpers_beside.py beside it. Airflow imports multiprocessing, which makes `__mp_main__` an alias of `__main__`.
+    Before: the task failed with ValueError: <module '__main__' from '.../torch_test_dags.py'> is not registered
+    for pickle by value (the DAG file was listed twice beside the helper module, and unregistered twice)."""
+    from airflow.models.dagrun import DagRun
+
+    dag_file = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], "torch_test_dags.py")
+    proc = subprocess.run([sys.executable, str(dag_file)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = DagRun.find(dag_id="torch_helper_beside")
+    assert states(run) == {"train": "success"}, (proc.stdout + proc.stderr)[-5000:]
+    assert xcom(run, "train") == 2

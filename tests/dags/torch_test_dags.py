@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, task
+from helpers_beside import world_size
 
 from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
 
@@ -71,3 +72,13 @@ with DAG("torch_stalled", schedule=None, start_date=START, catchup=False):
         wait_for_data()
 
     train_until_stalled()
+
+
+with DAG("torch_helper_beside", schedule=None, start_date=START, catchup=False) as torch_helper_beside:
+    TorchDistributorOperator(
+        task_id="train", python_callable=world_size, num_processes=2, local_mode=True, use_gpu=False
+    )
+
+
+if __name__ == "__main__":  # `python torch_test_dags.py`: how Airflow's docs run a DAG file to debug it
+    torch_helper_beside.test()

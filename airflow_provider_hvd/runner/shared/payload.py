@@ -84,9 +84,12 @@ def modules_beside(module: ModuleType) -> list[ModuleType]:
     if not file:  # a notebook's or a REPL's __main__: no folder to go by
         return []
     folder = os.path.join(os.path.dirname(_real_path(file)), "")
+    # each module once: one may be in sys.modules under several names (multiprocessing, which torch imports,
+    # makes __mp_main__ an alias of __main__)
+    imported = {id(other): other for other in list(sys.modules.values())}.values()
     beside = [
         other
-        for other in list(sys.modules.values())
+        for other in imported
         if other is not module
         and isinstance(other_file := getattr(other, "__file__", None), str)
         and _real_path(other_file).startswith(folder)
@@ -99,17 +102,22 @@ def modules_beside(module: ModuleType) -> list[ModuleType]:
 
 @contextlib.contextmanager
 def _by_value(modules: Sequence[ModuleType]) -> Iterator[None]:
-    registered = []
+    """``modules`` pickled by value inside the ``with``. cloudpickle's registry holds module names: each name is
+    registered once, and one registered before (by the user) stays registered afterwards."""
+    registered: dict[str, ModuleType] = {}
+    already = cloudpickle.list_registry_pickle_by_value()
     for module in modules:
+        if module.__name__ in registered or module.__name__ in already:
+            continue
         try:
             cloudpickle.register_pickle_by_value(module)
         except ValueError:
             continue  # not in sys.modules (e.g. an Airflow DAG file's private name): cloudpickle by-value-s it anyway
-        registered.append(module)
+        registered[module.__name__] = module
     try:
         yield
     finally:
-        for module in registered:
+        for module in registered.values():
             cloudpickle.unregister_pickle_by_value(module)
 
 
