@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jobs import assert_all_gone, fail_on_rank, sleep_and_record, wait_for_pids
 
-from airflow_provider_hvd import HorovodRunner, RankFailedError
+from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
 from airflow_provider_hvd.runner.driver import channel
 from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
 from airflow_provider_hvd.runner.errors import HorovodRunnerError
@@ -120,6 +120,58 @@ def test_a_job_killed_from_outside_is_reported_as_killed_with_sparks_reason(spar
         str(error),
     ), str(error)
     assert_all_gone(pids, within=15)
+
+
+def sleep_ignoring_sigterm(pid_dir: str) -> None:
+    """Record the pid and sleep; SIGTERM is ignored: the reaper ends the rank with SIGKILL after its grace."""
+    import os
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(pid_dir, f"rank-{os.environ['HOROVOD_RANK']}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_a_job_whose_tasks_outlive_its_cancel_is_named_and_keeps_its_broadcast(
+    spark_local, monkeypatch, pid_dir, caplog
+):
+    """The run's end does not wait for ranks that ignore SIGTERM (ABORT_WAIT_S 0), nor their tasks for more than
+    0.5 s (_JOB_END_WAIT_S, 60 s otherwise): they end seconds later (Spark kills their Python workers, the reaper
+    its rank). Before: no word of the job left running, and the job's broadcast destroyed under its tasks."""
+    from pyspark import SparkContext
+
+    from airflow_provider_hvd.runner.driver import spark_launch, supervisor
+
+    monkeypatch.setattr(supervisor, "ABORT_WAIT_S", 0.0)
+    monkeypatch.setattr(spark_launch, "_JOB_END_WAIT_S", 0.5)
+    broadcasts = []
+    broadcast = SparkContext.broadcast
+
+    def recorded(self, value):
+        broadcasts.append(broadcast(self, value))
+        return broadcasts[-1]
+
+    monkeypatch.setattr(SparkContext, "broadcast", recorded)
+    caplog.set_level(logging.WARNING, logger="airflow_provider_hvd")
+    runner = HorovodRunner(np=2)
+    thread, outcome = run_in_thread(runner, sleep_ignoring_sigterm, pid_dir=pid_dir)
+    pids = wait_for_pids(pid_dir, 2, timeout=180)
+    runner.cancel()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(outcome["error"], RunCancelledError), outcome["error"]
+    left = [r.getMessage() for r in caplog.records if "left to Spark" in r.getMessage()]
+    assert len(left) == 1, caplog.text
+    assert re.search(
+        r"a Spark barrier job of 2 tasks on local\[2\], job group horovod-runner-\w+, "
+        r"(was still running|still had tasks running) \d+s after the run ended and it was cancelled; "
+        r"it is left to Spark",
+        left[0],
+    ), left[0]
+    assert "The job's broadcast is unpersisted, not destroyed, for the tasks that still run" in left[0]
+    assert broadcasts[0]._jbroadcast.isValid(), "the job's broadcast was destroyed under its tasks"
+    assert_all_gone(pids, within=30)
 
 
 def test_a_spark_context_stopped_under_a_run_ends_it_with_a_runner_error(spark_local, pid_dir):

@@ -54,6 +54,9 @@ class NoStatus:
     def tasks_active(self) -> bool:
         return False
 
+    def tasks_running(self) -> bool:
+        return False  # unknown: the job's own end is all the client hears
+
 
 class ShippedJob:
     """The pickled job inside the task's function; the task reads it once, and then holds no copy of it."""
@@ -157,7 +160,16 @@ class ConnectApp:
         request = client._interrupt_request("tag", tag)
         client._stub.Interrupt(request, metadata=client._builder.metadata(), timeout=CANCEL_CALL_S)
 
-    def unship(self) -> None:
+    def name_of(self, tag: str) -> str:
+        return f"operation tag {tag} of the session {self.spark.session_id} on {self.url}"
+
+    def left_running(self, tag: str) -> str:
+        return (
+            f"spark.interruptTag({tag!r}) in that session interrupts it again. The job travelled in its plan: "
+            "nothing of it is kept here"
+        )
+
+    def unship(self, tasks_running: bool = False) -> None:
         pass  # the plan went with its operation; the server's task binary goes with its JVM's next clean-up
 
     def stopped(self) -> str | None:

@@ -32,6 +32,8 @@ class JobStatus(Protocol):
     def first_failure(self) -> str | None: ...
     def reason(self, task: Task) -> str | None: ...
     def tasks_active(self) -> bool: ...
+    def tasks_running(self) -> bool:
+        """Whether tasks of the job are known to run now (a cancelled job ends before its tasks do)."""
 
 
 class SparkApp(Protocol):
@@ -55,8 +57,15 @@ class SparkApp(Protocol):
         """Run ``task`` in a barrier job of ``tasks`` tasks, cancellable by ``tag``; returns when it ends."""
 
     def cancel(self, tag: str) -> None: ...
-    def unship(self) -> None:
-        """Drop the copies of the job that Spark holds for this run, where they can be dropped."""
+    def name_of(self, tag: str) -> str:
+        """The job's handle in Spark's words: ``job group horovod-runner-...``, ``operation tag ...``."""
+
+    def left_running(self, tag: str) -> str:
+        """What of the run is left with a job that outlived its cancel, and how to end it, in words."""
+
+    def unship(self, tasks_running: bool = False) -> None:
+        """Drop the copies of the job that Spark holds for this run, where they can be dropped; with
+        ``tasks_running``, only those that the tasks still running do not need."""
 
     def stopped(self) -> str | None:
         """Why the run cannot go on when the application has stopped; None while it runs."""
@@ -106,10 +115,22 @@ class ClassicApp:
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)  # (Spark's reason for the kills names the group: not a cause)
 
-    def unship(self) -> None:
+    def name_of(self, tag: str) -> str:
+        return f"job group {tag}"
+
+    def left_running(self, tag: str) -> str:
+        return (
+            f"SparkContext.cancelJobGroup({tag!r}) cancels it again. The job's broadcast is unpersisted, not "
+            "destroyed, for the tasks that still run: Spark's clean-up drops it once the job is gone"
+        )
+
+    def unship(self, tasks_running: bool = False) -> None:
         if self._payload is not None:
             try:
-                self._payload.destroy()  # the driver's and the executors' copies
+                if tasks_running:  # a task reads the driver's copy: only the executors' cached copies go
+                    self._payload.unpersist(blocking=False)
+                else:
+                    self._payload.destroy()  # the driver's and the executors' copies
             except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
                 pass
             self._payload = None

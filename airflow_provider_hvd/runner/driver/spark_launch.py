@@ -38,8 +38,9 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 _TASK_FAILURE_POLL_S = 1.0
 _TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
-_JOB_END_WAIT_S = 60.0  # a cancelled job's end is waited for so long
+_JOB_END_WAIT_S = 60.0  # a cancelled job's end, and its tasks', is waited for so long; then it is left to Spark
 _CANCEL_AGAIN_S = 2.0  # the cancel is sent again while the job runs on
+_TASKS_END_POLL_S = 0.2  # the job has ended, its tasks are ending (a killed task's end comes seconds later)
 EXECUTOR_CUDA_DEVICES = "spark.executorEnv.CUDA_VISIBLE_DEVICES"  # the executors' GPUs, set on purpose
 
 
@@ -244,17 +245,44 @@ class SparkLauncher:
         return self._status.reason(task)
 
     def stop(self, cancel: bool) -> None:
-        """Wait for the barrier job to end; cancel it first when the run did not complete."""
+        """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete. Spark's
+        copies of the job are dropped then; a job or tasks still running after ``_JOB_END_WAIT_S`` are left to
+        Spark, with a warning naming the job, and keep what they need of the job."""
         if self._thread is None:
             return
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
-        deadline = time.monotonic() + _JOB_END_WAIT_S
+        started = time.monotonic()
+        running = True  # (an error below, the application gone: nothing is destroyed under what may still run)
         try:
-            while self._thread.is_alive() and time.monotonic() < deadline:
+            while (running := self._thread.is_alive() or self._tasks_running()) and (
+                time.monotonic() - started < _JOB_END_WAIT_S
+            ):
+                if not self._thread.is_alive():  # the job has ended; its killed tasks end a moment later
+                    time.sleep(_TASKS_END_POLL_S)
+                    continue
                 self._cancel_sent = True
                 self.app.cancel(self.group)  # its error (the application gone) ends the wait: the caller logs it
                 # a cancel that reached Spark before the job did cancelled nothing: again until the job has ended
                 self._thread.join(timeout=_CANCEL_AGAIN_S)
+            if running:
+                log.warning(
+                    "%s: %s, %s, %s %.0fs after the run ended%s; it is left to Spark, which ends its tasks (the "
+                    "Spark UI shows them); %s",
+                    self.naming.runner,
+                    self.describe(),
+                    self.app.name_of(self.group),
+                    "was still running" if self._thread.is_alive() else "still had tasks running",
+                    time.monotonic() - started,
+                    " and it was cancelled" if self._cancel_sent else "",
+                    self.app.left_running(self.group),
+                )
         finally:
-            self.app.unship()
+            self.app.unship(tasks_running=running)
+
+    def _tasks_running(self) -> bool:
+        """Whether Spark's status store shows tasks of the job running (they may outlive a cancelled job)."""
+        try:
+            return self._status.tasks_running()
+        except Exception:  # noqa: BLE001 - the SparkContext stopped: its tasks went with it
+            return False

@@ -79,6 +79,11 @@ class BarrierJobStatus:
         except Exception:  # noqa: BLE001 - not in the status store yet
             return True
 
+    def tasks_running(self) -> bool:
+        """Whether tasks of the job are known to run now: a cancelled job ends before its tasks do. Polls first."""
+        self.poll()
+        return bool(self._stage_ids) and self.tasks_active()  # (no stage: the job was never submitted)
+
     def _list(self, tracker: Any, store: Any, counted: list[tuple[int, int]]) -> None:
         jvm = self._sc._jvm
         assert jvm is not None
