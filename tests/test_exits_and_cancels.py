@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from cancels import CancelAtLaunch
 from jobs import alive, assert_all_gone
@@ -16,10 +18,14 @@ from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledErr
 
 
 def return_then_exit_slowly(
-    marker_dir: str, seconds: float | dict[int, float], crash_rank: int = -1, fail_rank0: bool = False
+    marker_dir: str,
+    seconds: float | dict[int, float],
+    crash_rank: int = -1,
+    fail_rank0: bool = False,
+    rank0_main_s: float = 0.0,
 ) -> int:
-    """Each rank returns at once, then its atexit handler works for ``seconds`` (or ``seconds[rank]``, else 0.5);
-    ``crash_rank`` then exits with 3.
+    """Each rank returns at once (rank 0 after ``rank0_main_s``), then its atexit handler works for ``seconds``
+    (or ``seconds[rank]``, else 0.5); ``crash_rank`` then exits with 3.
 
     With ``fail_rank0``, rank 0 raises once rank 1 is in its exit work.
     """
@@ -42,13 +48,15 @@ def return_then_exit_slowly(
         while not Path(marker_dir, "exiting-1").exists():
             time.sleep(0.05)
         raise ValueError("rank 0 failed after rank 1 returned")
+    if rank == 0:
+        time.sleep(rank0_main_s)
     return 42 + rank
 
 
-def _exiting_pids(marker_dir: Path, ranks: int = 2, timeout: float = 60) -> list[int]:
+def _exiting_pids(marker_dir: Path, ranks: int | list[int] = 2, timeout: float = 60) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        files = [marker_dir / f"exiting-{rank}" for rank in range(ranks)]
+        files = [marker_dir / f"exiting-{rank}" for rank in (range(ranks) if isinstance(ranks, int) else ranks)]
         if all(file.exists() and file.read_text() for file in files):
             return [int(file.read_text()) for file in files]
         time.sleep(0.05)
@@ -108,6 +116,53 @@ def test_on_spark_exit_work_is_waited_for_and_a_rank_still_exiting_is_ended(spar
     assert not [text for text in warnings if "rank 0 " in text], warnings
     tracker = spark_local.sparkContext.statusTracker()
     assert not tracker.getActiveJobsIds()
+
+
+def kill_the_agent_of(rank_pid: int) -> None:
+    """SIGKILL the agent of the rank process ``rank_pid``: its Spark task's Python worker (agent > reaper > rank)."""
+    agent = psutil.Process(rank_pid).parent().parent()
+    assert "airflow_provider_hvd" not in " ".join(agent.cmdline()), agent.cmdline()  # (a Python worker, not a reaper)
+    agent.kill()
+
+
+@pytest.mark.parametrize("every_rank_returned", [True, False], ids=["after every rank returned", "before"])
+def test_an_agent_lost_in_its_ranks_exit_work(spark_local, tmp_path, caplog, every_rank_returned):
+    """Rank 1 returned; its agent (its Spark task's Python worker) is killed while its atexit handler runs. Once
+    every rank returned (the driver says so), the run succeeded: one warning names the rank, and run() returns
+    rank 0's value. While rank 0 is still in its main, the run fails, naming the lost agent and that it returned.
+    Before: killed once the driver had both returns, 42 without a word of the lost agent; killed as soon as both
+    exit works began (rank 0's return still on its way to the driver), RankFailedError "Horovod rank 1 of 2
+    failed: its agent in Spark task 1 ... was lost" (tests/test_outcome.py has that order as a case)."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    thread, outcome = _run_in_thread(
+        lambda: HorovodRunner(np=2).run(
+            return_then_exit_slowly,
+            marker_dir=str(tmp_path),
+            seconds={0: 1, 1: 600},
+            rank0_main_s=0 if every_rank_returned else 600,
+        )
+    )
+    (rank1,) = _exiting_pids(tmp_path, ranks=[1])
+    deadline = time.monotonic() + 60
+    while every_rank_returned and "every rank returned: the run succeeded" not in caplog.text:
+        assert time.monotonic() < deadline, "the driver did not say that every rank returned"
+        time.sleep(0.05)
+    kill_the_agent_of(rank1)
+    thread.join(120)
+    assert not thread.is_alive(), "run() did not end"
+    lost = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "lost" in r.getMessage()]
+    if every_rank_returned:
+        assert outcome == {"value": 42}, outcome
+        assert len(lost) == 1, lost
+        assert re.search(r"rank 1 returned, then its agent in Spark task 1 .* was lost in the exit work", lost[0]), lost
+    else:
+        error = outcome["error"]
+        assert isinstance(error, RankFailedError) and error.rank == 1, error
+        assert re.search(
+            r"rank 1 of 2 failed: its agent in Spark task 1 .* was lost \(.*, after its main returned", str(error)
+        ), error
+    assert_all_gone([rank1], within=15)
+    assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
 
 
 @pytest.mark.parametrize("bad", [0, -1, "120", float("nan"), True, timedelta(0)])

@@ -11,6 +11,7 @@ from airflow_provider_hvd.runner.driver.outcome import (
     AgentFailed,
     AgentLost,
     Cancelled,
+    HostLost,
     LaunchFailed,
     RankFailed,
     RankSucceeded,
@@ -187,6 +188,44 @@ CASES = {
         [STARTED, RankSucceeded(0), RankSucceeded(1), RankFailed(1, SPARK_TASK_1, EXITED_3, after_return=True)],
         None,
         None,
+    ),
+    "every rank returned, then an agent is lost in the exit work: the run succeeded": (
+        [STARTED, RankSucceeded(0), RankSucceeded(1), AgentLost(1, SPARK_TASK_1, "closed", (1, 0), after_return=True)],
+        None,
+        None,
+    ),
+    "an agent lost after its rank returned, as the last rank's return is on its way: the run succeeded": (
+        [STARTED, RankSucceeded(1), AgentLost(1, SPARK_TASK_1, "closed", (1, 0), after_return=True), RankSucceeded(0)],
+        None,
+        None,
+    ),
+    "a host lost after its ranks returned, as the last rank's return is on its way: the run succeeded": (
+        [STARTED, RankSucceeded(1), HostLost((1,), "10.0.0.2", "h2", "for 10s", after_return=True), RankSucceeded(0)],
+        None,
+        None,
+    ),
+    "an agent lost after its rank returned while another rank trains on fails the run": (
+        [
+            STARTED,
+            RankSucceeded(1),
+            AgentLost(1, SPARK_TASK_1, "closed", (1, 0), after_return=True),
+            WINDOW,
+            RankFailed(0, SPARK_TASK_0, ENDED),
+        ],
+        RankFailedError,
+        "Horovod rank 1 of 2 failed: its agent in Spark task 1 (attempt 0) on executor 10.0.0.2:41000 (10.0.0.2) was "
+        "lost (its Spark task, executor or host died, after its main returned, in its exit work: atexit handlers...)",
+    ),
+    "cancel() in the window of an agent lost after every rank returned cancels the run": (
+        [
+            STARTED,
+            RankSucceeded(1),
+            AgentLost(1, SPARK_TASK_1, "closed", (1, 0), after_return=True),
+            RankSucceeded(0),
+            Cancelled(),
+        ],
+        RunCancelledError,
+        "the run was cancelled",
     ),
     "cancel() during the exit work, after every rank returned, cancels the run": (
         [STARTED, RankSucceeded(0), RankSucceeded(1), Cancelled(), RankFailed(0, SPARK_TASK_0, ENDED)],

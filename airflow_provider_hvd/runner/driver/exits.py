@@ -37,3 +37,11 @@ def still_exiting(rank: int | None, where: str, seconds: float, runner: str = HO
 def exit_failed(rank: int | None, where: str, how: str, runner: str = HOROVOD_RUNNER.runner) -> str:
     """The warning about a rank whose process failed in its exit work, after its ``main`` returned."""
     return f"{runner}: rank {rank} {where} returned, then its process {how} in its exit work (atexit handlers...)"
+
+
+def exit_work_awaited(ranks: int, seconds: float, runner: str = HOROVOD_RUNNER.runner) -> str:
+    """The line that says the run succeeded while ``ranks`` ranks still run their exit work."""
+    return (
+        f"{runner}: every rank returned: the run succeeded; the exit work (atexit handlers...) of {ranks} "
+        f"rank(s) is waited for, {seconds:g}s at most (exit_timeout)"
+    )

@@ -60,6 +60,7 @@ class AgentLost:
     detail: str
     task: tuple[int, int] | None = None  # (partition, attempt) of its Spark task, to look up Spark's reason
     received_at: float | None = None  # when the driver saw the connection end (time.time()): no agent can say
+    after_return: bool = False  # its rank's main had returned: only its exit work was lost (see RunOutcome._decide)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class HostLost:
     hostname: str | None
     detail: str  # how long it was silent, and what that means
     received_at: float | None = None  # when the driver decided it (time.time()): the host cannot say
+    after_return: bool = False  # the main of every rank on it had returned: only their exit work was lost
 
     @property
     def rank(self) -> int:
@@ -142,6 +144,11 @@ def source_time(event: Failure) -> float | None:
     else:
         stamped = None
     return stamped if stamped is not None else event.received_at
+
+
+def after_return(event: Failure) -> bool:
+    """The failure came after the rank's main returned (of every rank on a lost host): in its exit work."""
+    return not isinstance(event, AgentFailed) and event.after_return
 
 
 def is_consequence_event(event: Failure) -> bool:
@@ -208,8 +215,11 @@ class RunOutcome:
                 self.settle_until = (time.monotonic() if now is None else now) + self.settle_s
             return self._decide_if_all_reported()
         if self.phase is Phase.SETTLING:
-            if isinstance(event, Cancelled):
-                return self._decide()  # no more waiting; the failure that came first is still the cause
+            if isinstance(event, Cancelled):  # no more waiting; the failure that came first is still the cause
+                cause = self._decide()
+                if cause is None:  # (none: every rank returned) the exit work is cancelled
+                    self._end(event)
+                return cause or event
             return None  # a launch failure now is the rank failure's doing (Spark failed the job after it)
         if isinstance(event, FAILURES):  # before the ranks start: no Horovod yet, so no consequences to wait for
             self._candidates.append(event)
@@ -245,7 +255,13 @@ class RunOutcome:
         self.phase = Phase.ENDING
         self.decided_at = time.time()
 
-    def _decide(self) -> Event:
+    def _decide(self) -> Event | None:
+        if len(self.succeeded) == self.size and all(map(after_return, self._candidates)):
+            # every rank returned, the last within the window of an agent or host lost in its exit work after
+            # its main returned: the run succeeded (the supervisor warned of each)
+            self.collateral = self._candidates + self.collateral
+            self.phase = Phase.ENDING
+            return None
         cause = self._first_failure()
         self.collateral = [event for event in self._candidates if event is not cause] + self.collateral
         self._end(cause)
@@ -271,8 +287,7 @@ class RunOutcome:
         def key(indexed: tuple[int, Failure]) -> tuple[int, float, int]:
             index, event = indexed
             at = source_time(event)
-            after_return = isinstance(event, RankFailed) and event.after_return
-            return 2 if is_consequence_event(event) else int(after_return), math.inf if at is None else at, index
+            return 2 if is_consequence_event(event) else int(after_return(event)), math.inf if at is None else at, index
 
         return min(enumerate(self._candidates), key=key)[1]
 

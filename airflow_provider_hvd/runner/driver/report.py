@@ -29,6 +29,7 @@ from .outcome import (
 from .stalls import Stalled, stall_error
 
 OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
+AFTER_RETURN = ", after its main returned, in its exit work: atexit handlers..."
 
 SparkReason = Callable[[tuple[int, int]], str | None]  # why Spark ended a task, if it knows
 
@@ -111,6 +112,17 @@ def _other_line(event: Event, cause: Event | None) -> str | None:
     return None
 
 
+def lost_after_return(event: AgentLost | HostLost, runner: str = HOROVOD_RUNNER.runner) -> str:
+    """The warning about an agent or a host lost after the main of its rank(s) had returned: only their exit
+    work was lost (the run succeeds once every rank has returned)."""
+    if isinstance(event, HostLost):
+        what = f"{ranks_text(event.ranks)} returned, then their host {event.host()} was lost"
+        detail = f"nothing heard {event.detail}"
+    else:
+        what, detail = f"{who(event.rank, event.where)} returned, then its agent {event.where} was lost", event.detail
+    return f"{runner}: {what} in the exit work (atexit handlers...): {detail}"
+
+
 def run_error(
     outcome: RunOutcome,
     spark_reason: SparkReason = lambda task: None,
@@ -154,7 +166,7 @@ def run_error(
             return LaunchError(f"{who(cause.rank, cause.where)} lost its agent {cause.where}: {reason}")
         text = (
             f"{kind} rank {cause.rank} of {outcome.size} failed: its agent {cause.where} was lost "
-            f"(its Spark task, executor or host died): {reason}"
+            f"(its Spark task, executor or host died{AFTER_RETURN if cause.after_return else ''}): {reason}"
         )
         return _rank_failed(cause.rank, text, lines, exit_code=None, traceback=None, tail=[])
     if isinstance(cause, HostLost):
@@ -165,7 +177,7 @@ def run_error(
     done = cause.done
     parts = [f"{kind} rank {cause.rank} of {outcome.size} failed: {rank_line(done)}"]
     if cause.after_return:
-        parts[0] += " (after its main returned, in its exit work: atexit handlers...)"
+        parts[0] += f" ({AFTER_RETURN.removeprefix(', ')})"
     if cause.kill_evidence:
         parts.append(describe_kill(cause.kill_evidence, naming.runner))
     if is_consequence_event(cause):

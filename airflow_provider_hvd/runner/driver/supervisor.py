@@ -20,7 +20,7 @@ from ..shared.tls import RunCertificate
 from ..shared.wire import new_secret
 from .address import CHANNEL, DriverAddress
 from .channel import AgentConnection, ChannelEvent, DriverChannel
-from .exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, still_exiting
+from .exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
 from .outcome import (
     AgentFailed,
     AgentLost,
@@ -36,7 +36,7 @@ from .outcome import (
 )
 from .progress import RunProgress
 from .rank_kinds import HorovodKind, RankKind, Slot
-from .report import abort_reason, describe_exit, run_error
+from .report import abort_reason, describe_exit, lost_after_return, run_error
 from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, where_ranks_were
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -222,7 +222,11 @@ class Supervisor:
                     self._record(stalled)
             if self._outcome.ending:
                 if self._outcome.cause is None and abort_deadline is None:  # every rank returned: the run succeeded
-                    exit_deadline = exit_deadline or now + self._exit_timeout_s
+                    if exit_deadline is None:
+                        exit_deadline = now + self._exit_timeout_s
+                        if self._running():
+                            running, timeout = len(self._running()), self._exit_timeout_s
+                            log.info("%s", exit_work_awaited(running, timeout, self._runner))
                     if now > exit_deadline and self._running():
                         self._end_slow_exits()
                 if self._outcome.cause is not None or (exit_deadline is not None and now > exit_deadline):
@@ -254,6 +258,8 @@ class Supervisor:
         return sum(conn.rank is not None for conn in self._agents)
 
     def _record(self, event: Event) -> None:
+        if isinstance(event, AgentLost | HostLost) and event.after_return and self._outcome.cause is None:
+            log.warning("%s", lost_after_return(event, self._runner))  # (exit_failed: a rank failed in its exit work)
         self._end_others(self._outcome.record(event))
 
     def _end_others(self, cause: Event | None) -> None:
@@ -314,7 +320,14 @@ class Supervisor:
         else:
             hello = conn.hello
             task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
-            lost = AgentLost(conn.rank, where, event.lost, task, received_at=received_at)  # type: ignore[arg-type]
+            lost = AgentLost(
+                conn.rank,
+                where,
+                event.lost,
+                task,  # type: ignore[arg-type]
+                received_at=received_at,
+                after_return=id(conn) in self._returned,
+            )
             self._record(lost)
 
     def _host_lost(self, conn: AgentConnection, silent_for: float, received_at: float) -> bool:
@@ -335,7 +348,8 @@ class Supervisor:
             f"for {silent_for:.0f}s (heartbeat timeout {self._liveness.timeout_s:g}s): the host is down, or the "
             "network between it and this driver is cut"
         )
-        self._record(HostLost(ranks, host, conn.hello.hostname, detail, received_at))
+        returned = all(id(lost) in self._returned for lost in [conn, *others])
+        self._record(HostLost(ranks, host, conn.hello.hostname, detail, received_at, after_return=returned))
         return True
 
     def _memory_settings(self) -> dict[str, str]:
