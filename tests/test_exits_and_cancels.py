@@ -1,9 +1,14 @@
-"""A rank's exit work after ``main`` returned (``exit_timeout``), and ``cancel()`` at every moment of a run."""
+"""A rank's exit work after ``main`` returned (``exit_timeout``, an agent lost during it), ``cancel()`` at every
+moment of a run, and nothing of a run left behind however its ranks are ended."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
+import signal
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -12,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 from cancels import CancelAtLaunch
-from jobs import alive, assert_all_gone
+from jobs import alive, assert_all_gone, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
+from airflow_provider_hvd.runner.errors import HorovodRunnerError
 
 
 def return_then_exit_slowly(
@@ -312,3 +318,60 @@ def test_cancel_during_the_ranks_exit_work_ends_them_and_raises(tmp_path):
     assert isinstance(outcome.get("error"), RunCancelledError), outcome
     assert_all_gone(pids, within=5)
     assert not [pid for pid in pids if alive(pid)]
+
+
+# nothing a run creates outlives it, whoever ends its ranks
+
+
+def record_then_sleep(pid_dir: str, way: str) -> None:
+    """Each rank records its pid and its reaper's, then sleeps without a word; for ``way`` "abort", rank 1 raises."""
+    import os
+
+    rank = os.environ["HOROVOD_RANK"]
+    Path(pid_dir, f"reaper-{rank}").write_text(str(os.getppid()))
+    Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
+    if way == "abort" and rank == "1":
+        raise ValueError("rank 1 failed")
+    time.sleep(600)
+
+
+WAYS = ["abort", "stall", "cancel", "rank killed", "agent killed"]
+
+
+@pytest.mark.parametrize("np", [-2, 2], ids=["local", "local[2]"])
+def test_nothing_a_run_creates_outlives_it_whoever_ends_its_ranks(request, tmp_path, monkeypatch, np):
+    """Runs ended each way a rank is ended (rank 1 failed and rank 0 aborted; a stall; a cancel; rank 1 SIGKILLed;
+    on Spark, rank 1's agent SIGKILLed), with TMPDIR a folder of the test's: nothing is left in it once the ranks
+    and their reapers are gone. Before: the run whose agent was killed left hvd-rank1-stacks-<random>.txt (its
+    agent's clean-up never ran), the others nothing."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the rank processes and their reapers, started from here
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # this process's (the local agents'), read once
+    if np > 0:  # the Spark tasks' Python workers (a new daemon, for this environment)
+        monkeypatch.setitem(request.getfixturevalue("spark_local").sparkContext.environment, "TMPDIR", str(temp))
+    left: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for way in WAYS if np > 0 else WAYS[:-1]:  # (a local agent is a thread of this process)
+        pid_dir = tmp_path / way.replace(" ", "-")
+        pid_dir.mkdir()
+        runner = HorovodRunner(np=np, stall_timeout=3 if way == "stall" else None)
+        thread, outcome = _run_in_thread(
+            functools.partial(runner.run, record_then_sleep, pid_dir=str(pid_dir), way=way)
+        )
+        if way != "abort":
+            wait_for_pids(str(pid_dir), 2, timeout=180)
+            rank1 = int((pid_dir / "rank-1.pid").read_text())
+            if way == "cancel":
+                runner.cancel()
+            elif way == "rank killed":
+                os.kill(rank1, signal.SIGKILL)
+            elif way == "agent killed":
+                kill_the_agent_of(rank1)
+        thread.join(120)
+        assert not thread.is_alive(), f"{way}: run() did not end"
+        assert isinstance(outcome.get("error"), HorovodRunnerError), (way, outcome)
+        assert_all_gone([int(file.read_text()) for file in pid_dir.iterdir()], within=30)  # ranks and reapers
+        now = {path.name for path in temp.iterdir()}
+        left[way], seen = sorted(now - seen), now
+    assert left == {way: [] for way in left}, left

@@ -5,7 +5,9 @@ Run as a script (standard library only, so that it starts in milliseconds):
 starts and leaves behind are re-parented to it, wherever they moved in the process tree. It dies with its
 agent (parent-death signal), however the agent dies, and then ends everything below it; the rank dies with
 it in turn. It ends everything below it when the rank exits too (SIGTERM, then SIGKILL after a grace),
-and on SIGTERM from the agent. It exits the way the rank did (code, or signal), which is what the agent sees.
+and on SIGTERM from the agent. Then it removes the rank's folder (its files: its stacks, a script's copy),
+which the agent made and removes too once the reaper ended: whichever of them outlives the other. It exits the
+way the rank did (code, or signal), which is what the agent sees.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 PARENT_PID_ENV = "HVD_RUNNER_PARENT_PID"  # the reaper's pid, for the rank's parent-death check
 CONTROL_FD_ENV = "HVD_RUNNER_CONTROL_FD"  # the rank's control pipe (see control.py), passed through
+RANK_DIR_ENV = "HVD_RUNNER_RANK_DIR"  # the rank's own files, removed once nothing below the reaper is left
 TERMINATE_GRACE_S = 5.0  # the rank's time to end after SIGTERM
 LEFTOVER_GRACE_S = 1.0  # what the rank left running, after it exited
 _PR_SET_PDEATHSIG = 1
@@ -95,11 +99,21 @@ def _end_everything_below(grace_s: float) -> None:
         _reap()
 
 
-def die_with_parent(parent_pid: int, sig: int) -> None:
+def die_with_parent(parent_pid: int, sig: int, before_exit: Callable[[], None] = lambda: None) -> None:
     """Have the kernel send ``sig`` to this process when its parent dies; exit now if it already has."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent_pid:
+        before_exit()
         os._exit(70)  # the parent died before prctl took effect
+
+
+def remove_rank_files() -> None:
+    """Remove the rank's folder (its agent named it), once the rank and everything below it are gone."""
+    folder = os.environ.get(RANK_DIR_ENV)
+    if folder:
+        import shutil  # (here: the reaper starts in milliseconds)
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _exit_as(status: int) -> None:
@@ -129,7 +143,7 @@ def main(argv: list[str]) -> None:
     agent_pid, command = int(argv[0]), argv[1:]
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    die_with_parent(agent_pid, signal.SIGTERM)
+    die_with_parent(agent_pid, signal.SIGTERM, remove_rank_files)
     control_fd = int(os.environ[CONTROL_FD_ENV])
     rank = None
     try:
@@ -151,9 +165,11 @@ def main(argv: list[str]) -> None:
         grace = LEFTOVER_GRACE_S
     except _Terminate:
         if rank is None:
+            remove_rank_files()
             os._exit(128 + signal.SIGTERM)
         status, grace = _terminate(rank.pid)
     _end_everything_below(grace)
+    remove_rank_files()
     _exit_as(status)
 
 

@@ -14,10 +14,12 @@ import dataclasses
 import os
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -117,11 +119,19 @@ class _RankProcess:
         self.messages_lost = 0
         self._stop_reading = threading.Event()
         self.last_active = time.monotonic()  # the rank's last output or control message (.activity)
-        self.stacks = StackFile(rank)
+        # the rank's own files: removed by its reaper as it ends, and here once the reaper ended (whoever ends it)
+        self.folder = tempfile.mkdtemp(prefix=f"hvd-rank{rank}-")
+        self.stacks = StackFile(self.folder)
         token = secrets.token_hex(16)
         self._splitter = OutputSplitter(message_marker(token))
         ctl_read, ctl_write = os.pipe()
-        env = {**env, CONTROL_FD_ENV: str(ctl_write), LOG_TOKEN_ENV: token, STACKS_FILE_ENV: self.stacks.path}
+        env = {
+            **env,
+            CONTROL_FD_ENV: str(ctl_write),
+            LOG_TOKEN_ENV: token,
+            STACKS_FILE_ENV: self.stacks.path,
+            reaper.RANK_DIR_ENV: self.folder,
+        }
         out_read, out_write = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -142,6 +152,11 @@ class _RankProcess:
                 pass_fds=(ctl_write,),
                 start_new_session=True,
             )
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            os.close(ctl_read)
+            os.close(out_read)
+            raise
         finally:
             os.close(ctl_write)
             os.close(out_write)
@@ -307,7 +322,7 @@ class _RankProcess:
         self._output_reader.join(_OUTPUT_DRAIN_S)
         self._stop_reading.set()  # a process that escaped the reaper holds the output open: stop reading
         self._output_reader.join()
-        self.stacks.remove()
+        shutil.rmtree(self.folder, ignore_errors=True)
         return code
 
 

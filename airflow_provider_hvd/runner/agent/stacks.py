@@ -1,6 +1,7 @@
 """Asking a rank process for its Python stacks (runs in the agent).
 
-The agent names a file in the rank's environment (``HVD_RUNNER_STACKS_FILE``); the rank arms faulthandler
+The agent names a file in the rank's folder, in the rank's environment (``HVD_RUNNER_STACKS_FILE``); the
+folder goes with the rank (:mod:`...reaper`), whoever ends it. The rank arms faulthandler
 to write every thread's stack there on a signal (:mod:`..rank.stacks`) and says so with its pid
 (:class:`~..shared.messages.RankReady`). To answer the driver's :class:`~..shared.messages.DumpStacks`, the
 agent sends that signal and reads what was appended, once it stops growing.
@@ -8,9 +9,7 @@ agent sends that signal and reads what was appended, once it stops growing.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,9 +24,8 @@ _POLL_S = 0.02
 class StackFile:
     """The file one rank writes its stacks to, and the pid and signal to ask it with."""
 
-    def __init__(self, rank: int) -> None:
-        fd, self.path = tempfile.mkstemp(prefix=f"hvd-rank{rank}-stacks-", suffix=".txt")
-        os.close(fd)
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, "stacks.txt")  # the rank makes it as it arms faulthandler
         self.pid: int | None = None
         self._signal = 0
         self._lock = threading.Lock()
@@ -71,7 +69,3 @@ class StackFile:
             with open(self.path, encoding="utf-8", errors="replace") as f:
                 f.seek(start)
                 return RankState(stacks=f.read())
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)

@@ -1,8 +1,9 @@
 """A Python file run as ``__main__`` in a rank, as ``torchrun FILE ARGS`` would (``TorchDistributor.run(path)``).
 
 The file's content travels with the job: where the same file is at the same path (local runs, a shared file
-system) it runs there, so that modules beside it import; elsewhere a copy is written to a temporary directory,
-removed when the rank exits (after its error was reported, so that the traceback shows the lines).
+system) it runs there, so that modules beside it import; elsewhere a copy is written to the rank's folder,
+removed when the rank has ended (after its error was reported, so that the traceback shows the lines), however
+it ended (:mod:`..reaper`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..reaper import RANK_DIR_ENV
+
 
 def _here(path: str, source: bytes) -> str:
     """``path`` when it holds ``source`` on this host, else a copy of ``source`` under the same name."""
@@ -23,8 +26,8 @@ def _here(path: str, source: bytes) -> str:
             return path
     except OSError:
         pass
-    copy_dir = tempfile.mkdtemp(prefix="hvd-script-")
-    atexit.register(shutil.rmtree, copy_dir, True)
+    copy_dir = tempfile.mkdtemp(prefix="hvd-script-", dir=os.environ.get(RANK_DIR_ENV))
+    atexit.register(shutil.rmtree, copy_dir, True)  # (the rank's folder goes too, once the rank has ended)
     copy = os.path.join(copy_dir, os.path.basename(path))
     Path(copy).write_bytes(source)
     return copy
