@@ -12,26 +12,41 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyspark
 from jvm import daemon_env
 from spark_cluster import LOOPBACK, free_port, signal_group
+
+if TYPE_CHECKING:
+    from hosts import LoopbackHost
 
 
 class ConnectServer:
     """A Connect server on ``master`` (its driver is the server's JVM), listening on a free loopback port.
 
     ``conf``: the server application's Spark settings (``--conf``). Its logs and pid file stay in ``workdir``.
+    ``host``: the address its gRPC port listens on; ``inside``: the namespace host it runs in (then only
+    commands run there reach it).
     """
 
-    def __init__(self, workdir: Path, master: str = "local[2]", **conf: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        master: str = "local[2]",
+        *,
+        host: str = LOOPBACK,
+        inside: LoopbackHost | None = None,
+        **conf: str,
+    ) -> None:
         self.workdir = workdir
         self.spark_home = Path(pyspark.__file__).parent
         self.port = free_port()
-        self.url = f"sc://{LOOPBACK}:{self.port}"
+        self.host = host
+        self.inside = inside
+        self.url = f"sc://{f'[{host}]' if ':' in host else host}:{self.port}"
         self.master = master
-        self.conf = {"spark.ui.enabled": "false", "spark.connect.grpc.binding.address": LOOPBACK, **conf}
+        self.conf = {"spark.ui.enabled": "false", "spark.connect.grpc.binding.address": host, **conf}
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -39,8 +54,11 @@ class ConnectServer:
         return self.workdir / "connect-server.log"
 
     def _answers(self) -> bool:
+        if self.inside is not None:  # asked from inside its host
+            probe = f"import socket; socket.create_connection(({self.host!r}, {self.port}), timeout=1)"
+            return subprocess.run(self.inside.command(sys.executable, "-c", probe), capture_output=True).returncode == 0
         try:
-            with socket.create_connection((LOOPBACK, self.port), timeout=1):
+            with socket.create_connection((self.host, self.port), timeout=1):
                 return True
         except OSError:
             return False
@@ -60,8 +78,9 @@ class ConnectServer:
             "PYSPARK_PYTHON": sys.executable,  # the server's executors run this interpreter
         }
         log = open(self.log_file, "wb")  # noqa: SIM115 - the server's output for its lifetime
+        command = [str(self.spark_home / "sbin" / "start-connect-server.sh"), *args]
         self._proc = subprocess.Popen(
-            [str(self.spark_home / "sbin" / "start-connect-server.sh"), *args],
+            command if self.inside is None else self.inside.command(*command),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -341,3 +341,54 @@ def _write_sysctl(key: str, value: str) -> None:
         Path("/proc/sys", key).write_text(value)
     except OSError:
         pass
+
+
+class LoopbackHost:
+    """A host with loopback alone (a network namespace: no other interface, no route anywhere), whose
+    ``/etc/hosts`` is ``etc_hosts`` (e.g. ``::1 localhost``: a host where ``localhost`` is IPv6's loopback, as on
+    Debian, RHEL and many images with IPv6 up). :meth:`command` runs a command inside it; :meth:`stop` ends what
+    runs there and removes the namespace and its /etc/netns dir."""
+
+    _made_here = 0
+
+    def __init__(self, etc_hosts: str) -> None:
+        LoopbackHost._made_here += 1
+        self.netns = f"hvdlo{os.getpid()}{LoopbackHost._made_here}"
+        self.etc_hosts = etc_hosts
+        self._made = False
+
+    def start(self) -> LoopbackHost:
+        _ip("netns", "add", self.netns)
+        self._made = True
+        try:
+            etc = _NETNS_ETC / self.netns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(self.etc_hosts)
+            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")  # nothing answers: no lookup leaves the host
+            _ip("-n", self.netns, "link", "set", "lo", "up")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def command(self, *args: str) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *args]
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True).stdout
+        return [int(pid) for pid in out.split()]
+
+    def stop(self) -> None:
+        if not self._made:
+            return
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
+        shutil.rmtree(_NETNS_ETC / self.netns, ignore_errors=True)
+        self._made = False

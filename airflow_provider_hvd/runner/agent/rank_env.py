@@ -36,11 +36,14 @@ def keras_defaults() -> dict[str, str]:
 
 
 def interface_of(ip: str) -> str:
-    """The network interface that holds ``ip`` (Gloo binds its transport to an interface)."""
+    """The network interface that holds ``ip``, IPv4 or IPv6 (Gloo binds its transport to an interface)."""
+    bare = ip.split("%")[0]  # (an IPv6 link-local address's zone)
     for name, addrs in psutil.net_if_addrs().items():
-        if any(addr.family == socket.AF_INET and addr.address == ip for addr in addrs):
+        if any(
+            addr.family in (socket.AF_INET, socket.AF_INET6) and addr.address.split("%")[0] == bare for addr in addrs
+        ):
             return name
-    if ip.startswith("127."):
+    if bare.startswith("127.") or bare == "::1":
         return "lo"
     raise RuntimeError(f"no network interface holds {ip}, the address this host uses to reach the driver")
 

@@ -6,6 +6,9 @@ driver in a container whose ports are published on its host. Their ports are any
 ``spark.horovodRunner.channelPort`` / ``spark.horovodRunner.rendezvousPort`` fix them (so that they can be
 published); a fixed port is this run's alone while it lasts. Over Spark Connect the agents reach the client,
 not the server's driver: ``spark.horovodRunner.driverHost`` / ``driverBindAddress`` replace ``spark.driver.*``.
+
+IPv6 as IPv4: each listener takes its address's family (``::1``, ``fe80::1%eth0``; a name: IPv4 where it has
+an IPv4 address, else IPv6), so that ``localhost`` works where it is ``::1`` first.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class DriverAddress:
     rendezvous_port: int = 0
     address_settings: str = ""  # the settings ``bind`` comes from, named in errors ("" for the fixed loopback)
     naming: RunnerNaming = HOROVOD_RUNNER  # the runner whose run listens, as its errors name it
+    bind_setting: str = BIND_ADDRESS_CONF  # the settings that say where to listen (others over Spark Connect)
+    host_setting: str = HOST_CONF  # the setting that says what the agents are told
 
     def port_of(self, listener: Listener) -> int:
         return self.channel_port if listener is CHANNEL else self.rendezvous_port
@@ -78,14 +83,52 @@ class DriverAddress:
             raise LaunchError(
                 where
                 + (f" ({settings})" if settings else "")
-                + f": {exc.strerror or exc}. Listen on an address of this host ({BIND_ADDRESS_CONF}), on a port "
+                + f": {exc.strerror or exc}. Listen on an address of this host ({self.bind_setting}), on a port "
                 "this user may open."
             ) from exc
 
     def describe(self, port: int) -> str:
         """``host:port`` as the agents and ranks are told, and where the driver listens when that differs."""
-        told = f"{self.advertised}:{port}"
-        return told if self.bind == self.advertised else f"{told} (listening on {self.bind}:{port})"
+        told = host_port(self.advertised, port)
+        return told if self.bind == self.advertised else f"{told} (listening on {host_port(self.bind, port)})"
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:7000``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def address_family(host: str) -> socket.AddressFamily:
+    """The family to listen on ``host`` with: an address's own; for a name, IPv4 where it has an IPv4 address
+    (as before), else IPv6 (a name that is ``::1`` alone). A name that does not resolve: IPv4, whose bind then
+    says so."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host.split("%")[0]).version == 6 else socket.AF_INET
+    except ValueError:
+        pass
+    try:
+        families = {info[0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return socket.AF_INET
+    return socket.AF_INET if socket.AF_INET in families or not families else socket.AF_INET6
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this host's loopback alone (``0.0.0.0`` is not)."""
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A TCP socket listening on ``host``:``port`` (0: any free port), IPv4 or IPv6 as ``host`` is."""
+    return socket.create_server((host, port), family=address_family(host), backlog=backlog)
 
 
 LOOPBACK_DRIVER = DriverAddress(LOOPBACK, LOOPBACK)
@@ -119,17 +162,27 @@ def _ports(conf: Callable[[str], str | None], naming: RunnerNaming) -> tuple[int
 
 
 def route_address(host: str, naming: RunnerNaming = HOROVOD_RUNNER) -> str:
-    """This host's address on its route to ``host`` (no packet is sent: a UDP socket's connect picks the route)."""
+    """This host's address on its route to ``host`` (no packet is sent: a UDP socket's connect picks the route).
+
+    IPv4 first where ``host`` has both kinds of address, whatever order the resolver gives (``localhost`` is
+    ``::1`` first on many hosts): Horovod's Gloo rendezvous takes IPv4 only; IPv6 where ``host`` has no IPv4
+    route."""
+    failure: OSError | None = None
     try:
-        family, kind, proto, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.connect(target)
-            return str(sock.getsockname()[0])
+        found = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
     except OSError as exc:
-        raise LaunchError(
-            f"{naming.runner} cannot tell this host's address on its route to the Spark Connect server {host} "
-            f"({exc}): set {CONNECT_HOST_CONF} to the address the server's executors reach this host at."
-        ) from exc
+        found, failure = [], exc
+    for family, kind, proto, _, target in sorted(found, key=lambda info: info[0] != socket.AF_INET):
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.connect(target)
+                return str(sock.getsockname()[0])
+        except OSError as exc:
+            failure = exc
+    raise LaunchError(
+        f"{naming.runner} cannot tell this host's address on its route to the Spark Connect server {host} "
+        f"({failure}): set {CONNECT_HOST_CONF} to the address the server's executors reach this host at."
+    ) from failure
 
 
 def connect_driver_address(
@@ -140,19 +193,29 @@ def connect_driver_address(
 
     ``spark.horovodRunner.driverHost`` (else this host's address on its route to the server) is what the agents
     are told, ``spark.horovodRunner.driverBindAddress`` (else that address) where the driver listens. A server
-    reached over loopback runs on this host: its executors on a local master reach loopback, those of a cluster
-    the address its own driver gave them (``spark.driver.host``, an address of this host).
+    reached over loopback runs on this host: its executors on a local master reach loopback (IPv4's, as on a
+    classic local master, also where the route is ``::1``), those of a cluster the address its own driver gave
+    them (``spark.driver.host``, an address of this host).
     """
     channel, rendezvous = _ports(conf, naming)
     host, bind = conf(CONNECT_HOST_CONF), conf(CONNECT_BIND_CONF)
     if not host:
         host = route_address(server_host, naming)
-        if ipaddress.ip_address(host.split("%")[0]).is_loopback and not local:
-            host = conf(HOST_CONF) or socket.gethostname()
+        if ipaddress.ip_address(host.split("%")[0]).is_loopback:
+            host = LOOPBACK if local else conf(HOST_CONF) or socket.gethostname()
         settings = f"{CONNECT_BIND_CONF}={bind}" if bind else f"this host's address on its route to {server_host}"
     else:
         settings = f"{CONNECT_BIND_CONF}={bind}" if bind else f"{CONNECT_HOST_CONF}={host}"
-    return DriverAddress(host, bind or host, channel, rendezvous, settings, naming)
+    return DriverAddress(
+        host,
+        bind or host,
+        channel,
+        rendezvous,
+        settings,
+        naming,
+        bind_setting=f"{CONNECT_BIND_CONF}, or {CONNECT_HOST_CONF} for the address the agents are told too",
+        host_setting=CONNECT_HOST_CONF,
+    )
 
 
 def spark_driver_address(

@@ -57,6 +57,7 @@ from ..shared.rank_tag import RANK_LINE, RANK_TAG
 from ..shared.timing import SEND_TIMEOUT_S
 from ..shared.tls import PLAIN, Session, server_session
 from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
+from .address import listening_socket
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 rank_log = logging.getLogger("airflow_provider_hvd.ranks")
@@ -255,7 +256,7 @@ class DriverChannel:
         tls: ssl.SSLContext | None = None,
         runner: str = HOROVOD_RUNNER.runner,
     ) -> None:
-        self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)  # first: nothing to undo if taken
+        self._listener = listening_socket(host, port, LISTEN_BACKLOG)  # first: nothing to undo if taken
         self._runner = runner  # the first word of its log lines
         make_room_for_connections(agents, self._runner)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import LaunchError
 from ..shared import torch_env
 from ..shared.messages import Hello
-from .address import RENDEZVOUS, STORE, DriverAddress
+from .address import RENDEZVOUS, STORE, DriverAddress, address_family, listening_socket
 
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
@@ -115,6 +115,13 @@ class HorovodKind:
         self._rendezvous: Rendezvous | None = None
 
     def open(self, driver: DriverAddress) -> str:
+        if address_family(driver.advertised) == socket.AF_INET6:
+            raise LaunchError(
+                f"Horovod's ranks cannot reach the driver at {driver.advertised} "
+                f"({driver.address_settings or 'loopback'}): Horovod's Gloo rendezvous takes IPv4 only (its ranks' "
+                f"HTTP client). Set {driver.host_setting} to an IPv4 address of this host that the executors reach "
+                "(TorchDistributor's ranks work over IPv6 too)."
+            )
         self._rendezvous = driver.listen(
             RENDEZVOUS, lambda host, port: self._module.Rendezvous(host, port, driver.advertised)
         )
@@ -167,7 +174,7 @@ class TorchKind:
 
     def _serve(self, host: str, port: int) -> Any:
         # bound here, not by the store (which would listen on every interface): only the driver's address
-        listener = socket.create_server((host, port), backlog=_STORE_BACKLOG)
+        listener = listening_socket(host, port, _STORE_BACKLOG)
         try:
             store = self._store_class(
                 host, listener.getsockname()[1], None, True, wait_for_workers=False, master_listen_fd=listener.fileno()

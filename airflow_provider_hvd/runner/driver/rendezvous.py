@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
+from .address import address_family
+
 MAX_BODY_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 10.0
 _PAYLOAD_TOO_LARGE = 413
@@ -44,6 +46,7 @@ class _Server(RendezvousHTTPServer):  # type: ignore[misc]
     daemon_threads = True
 
     def __init__(self, host: str, port: int) -> None:
+        self.address_family = address_family(host)  # (socketserver's is IPv4's): before the socket is made
         super().__init__((host, port), _Handler, 0)
         self.allowed: frozenset[str] = frozenset()
         self._open: dict[socket.socket, float] = {}
