@@ -112,3 +112,49 @@ def test_spark_conf_on_spark_connect_applies_what_a_session_may_set_and_names_th
         r"this task at is spark.horovodRunner.driverHost",
     ):
         hook.run(print, np=2)
+
+
+def rank_server_log_dir() -> str | None:
+    """The log folder of the Connect server whose executor runs the rank (tests/connect_server.py gives each
+    server its own; a rank inherits it from the server's JVM); None on a classic session."""
+    import os
+
+    return os.environ.get("SPARK_LOG_DIR")
+
+
+def runner_said(caplog, capsys) -> str:
+    """The runner's lines, wherever logging sent them (Airflow's configuration, once loaded, prints them)."""
+    return capsys.readouterr().out + "\n".join(record.getMessage() for record in caplog.records)
+
+
+def test_a_hook_runs_its_job_on_its_own_server_in_a_thread_that_holds_another_session(
+    connect_local, connect_with_ui, spark_connect_default, caplog, capsys
+):
+    """pyspark makes a new Connect session the thread's active one only where none is: a notebook's, or a
+    task's own session to another server, must not take the hook's job."""
+    from connect_server import connect_session
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.hooks.horovod import HorovodHook
+
+    with connect_session(connect_local) as other:
+        assert ConnectSession.getActiveSession() is other
+        ran_in = HorovodHook("spark_connect_default").run(rank_server_log_dir, np=2)
+        assert ConnectSession.getActiveSession() is other  # the thread's own session is left as it was
+    assert ran_in == str(connect_with_ui.workdir)
+    said = runner_said(caplog, capsys)
+    assert f"a Spark barrier job of 2 tasks over Spark Connect sc://{spark_connect_default} (local[2])" in said
+
+
+def test_a_classic_connection_runs_on_its_spark_context_in_a_thread_that_holds_a_connect_session(
+    connect_local, spark_default_local, caplog, capsys
+):
+    from connect_server import connect_session
+
+    from airflow_provider_hvd.hooks.horovod import HorovodHook
+
+    with connect_session(connect_local):
+        ran_in = HorovodHook("spark_default").run(rank_server_log_dir, np=2)
+    assert ran_in is None
+    said = runner_said(caplog, capsys)
+    assert "a Spark barrier job of 2 tasks on local[2]" in said and "over Spark Connect" not in said

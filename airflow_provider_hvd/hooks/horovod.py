@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlparse
@@ -181,6 +182,8 @@ class JobRunner(Protocol):
     checkpoint: dict[str, Any] | None
 
     def cancel(self) -> None: ...
+    def _on_session(self, spark: Any) -> AbstractContextManager[None]:
+        """Its runs use ``spark``, the hook's session, never the thread's active one (``runner._Runner``)."""
 
 
 def differing_settings(running: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
@@ -482,7 +485,7 @@ class HorovodHook(BaseHook):
             return job()
         target = self.connect_target()
         if target is not None:
-            return self._run_on_connect(target, job)
+            return self._run_on_connect(target, runner, job)
         spark, shared = self._join_session()
         try:
             sc = spark.sparkContext
@@ -491,14 +494,15 @@ class HorovodHook(BaseHook):
             self.log.info("Spark master %s, application %s%s", sc.master, sc.applicationId, ui)
             if self._cancelled:  # cancel() came while the session started
                 raise RunCancelledError("the job was cancelled before its ranks started")
-            return job()
+            with runner._on_session(spark):  # not the thread's active session: it may be a Connect one
+                return job()
         finally:
             if shared:
                 shared_session.leave(spark)
 
-    def _run_on_connect(self, target: ConnectTarget, job: Callable[[], Any]) -> Any:
-        """``job()`` on a Spark Connect session of its own, released afterwards: the runner takes the thread's
-        active session, the one just opened."""
+    def _run_on_connect(self, target: ConnectTarget, runner: JobRunner, job: Callable[[], Any]) -> Any:
+        """``job()`` on a Spark Connect session of its own, handed to ``runner`` (pyspark makes it the thread's
+        active session only where none is), released afterwards."""
         if self.openlineage_conf:
             self.log.warning(
                 "OpenLineage's properties of this job do not apply on Spark Connect: the server's SparkContext keeps "
@@ -513,7 +517,8 @@ class HorovodHook(BaseHook):
             self.log.info("Running over Spark Connect at %s: application %s%s", target.address, app, ui)
             if self._cancelled:  # cancel() came while the session opened
                 raise RunCancelledError("the job was cancelled before its ranks started")
-            return job()
+            with runner._on_session(spark):
+                return job()
         finally:
             stop_session(spark)  # within seconds also where the server died during the job
 

@@ -29,6 +29,8 @@ from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from .driver.rank_kinds import RankKind
     from .driver.supervisor import Launcher, Supervisor
 
@@ -104,6 +106,21 @@ class _Runner:
     heartbeat_timeout_s: float | None = None
     _started_a_run = False
     _cancel_first_run = False  # cancel() came before the first run
+    _session: SparkSession | None = None  # the session runs use (the Airflow hook's); None: the active one
+
+    @contextlib.contextmanager
+    def _on_session(self, spark: SparkSession) -> Iterator[None]:
+        """Runs started within use ``spark``, whatever session pyspark holds as the thread's active one (the
+        Airflow hook hands its own so: pyspark makes a new session the active one only where none is)."""
+        self._session = spark
+        try:
+            yield
+        finally:
+            self._session = None
+
+    def _spark(self) -> SparkSession:
+        """The session a Spark run uses: the one handed to :meth:`_on_session`, else the active one."""
+        return self._session if self._session is not None else active_session(self.naming.runner)
 
     def _settings(
         self,
@@ -329,7 +346,7 @@ class HorovodRunner(_Runner):
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         if self.num_processor < 0:
             return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
-        spark = active_session(self.naming.runner)
+        spark = self._spark()
         launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
         conf = session_conf(spark)
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

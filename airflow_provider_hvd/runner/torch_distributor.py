@@ -20,7 +20,7 @@ from .driver.local_launch import LocalLauncher
 from .driver.mlflow_run import MlflowSettings
 from .driver.progress import ProgressSink
 from .driver.slots import DEFAULT_SLOT_WAIT_S, TASK_GPUS
-from .driver.spark_cluster import active_session, existing_session, is_connect, session_conf
+from .driver.spark_cluster import existing_session, is_connect, session_conf
 from .driver.spark_launch import SparkLauncher
 from .errors import LaunchError
 from .rank.script import run_script
@@ -169,7 +169,7 @@ class TorchDistributor(_Runner):
         if self.local_mode:
             local = LocalLauncher(self.num_processes, self.use_gpu, self.naming, self._local_gpus)
             return local, lambda key: None, False
-        spark = active_session(self.naming.runner)
+        spark = self._spark()
         self._plan(spark)  # the checks on the session the job runs on (the constructor's, when it had one)
         conf = session_conf(spark)
         launcher = SparkLauncher(

@@ -102,8 +102,9 @@ def existing_session() -> SparkSession | None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    # a Connect session active in this thread first (a hook gives the runner its session so); a Connect session
-    # left from before, or made in another thread (another hook's, which it stops), does not hide a classic one
+    # a Connect session active in this thread first (a notebook's SparkSession.builder.remote(...)); a Connect
+    # session left from before, or made in another thread, does not hide a classic one. (The Airflow hook hands
+    # its own session to the runner: none of this applies to it.)
     spark = _connect_session(default=False) or SparkSession.getActiveSession()
     if spark is None and SparkContext._active_spark_context is not None:
         spark = SparkSession.builder.getOrCreate()
