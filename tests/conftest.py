@@ -174,13 +174,21 @@ def connect_local(tmp_path_factory):
 @pytest.fixture(scope="module")
 def connect_standalone(standalone_cluster, tmp_path_factory):
     """The ``sc://`` URL of a Spark Connect server whose application runs on the standalone cluster's workers
-    (both their cores while the module runs), stopped at the end of the module to free them."""
+    (both their cores while the module runs), stopped at the end of the module to free them. Its Spark UI is on
+    (the free task slots are counted there)."""
     from connect_server import ConnectServer
+    from spark_cluster import free_port
 
     server = ConnectServer(
         tmp_path_factory.mktemp("spark-connect-standalone"),
         standalone_cluster.url,
-        **{**standalone_cluster.app_conf, "spark.cores.max": "2", "spark.executor.memory": "1g"},
+        **{
+            **standalone_cluster.app_conf,
+            "spark.cores.max": "2",
+            "spark.executor.memory": "1g",
+            "spark.ui.enabled": "true",
+            "spark.ui.port": str(free_port()),
+        },
     ).start()
     yield server.url
     server.stop()

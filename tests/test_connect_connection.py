@@ -211,3 +211,23 @@ def test_a_session_whose_server_is_gone_is_stopped_within_seconds():
     started = time.monotonic()
     stop_session(spark)
     assert spark.is_stopped and time.monotonic() - started < STOP_TIMEOUT_S + 5
+
+
+def test_a_session_is_stopped_on_a_pyspark_without_its_private_deadlines(caplog):
+    """Where pyspark lacks the per-call deadlines the release is bounded by, the session still stops (pyspark's
+    own deadline then), with a WARNING naming the part."""
+    import logging
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.hooks.spark_connect import stop_session
+
+    caplog.set_level(logging.WARNING, logger="airflow_provider_hvd")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    spark = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    del spark.client._rpc_deadlines  # as a pyspark without them
+    stop_session(spark)
+    assert spark.is_stopped
+    assert "has no SparkConnectClient._rpc_deadlines" in caplog.text

@@ -289,3 +289,199 @@ def test_a_thread_without_a_session_of_its_own_runs_on_the_classic_one_not_anoth
         found = pool.submit(active_session).result()
     assert not is_connect(found) and found.sparkContext is spark_local.sparkContext
     assert active_session() is connect_spark  # this thread's
+
+
+def test_pyspark_still_has_the_private_client_parts_the_runner_relies_on(connect_spark):
+    """An upgrade of pyspark that renames one fails here, naming it (the runner then falls back to the public
+    calls with a WARNING: the cancel and the release are no longer bounded)."""
+    import pyspark
+
+    from airflow_provider_hvd.runner.driver.connect_client import PARTS, missing_parts
+
+    missing = missing_parts(connect_spark)
+    assert not missing, f"pyspark {pyspark.__version__} lacks " + "; ".join(f"{p} ({PARTS[p]})" for p in missing)
+
+
+def test_a_cancel_on_a_pyspark_without_its_private_interrupt_falls_back_to_interrupt_tag(
+    connect_spark, pid_dir, runner_log, monkeypatch
+):
+    """A pyspark that renamed a part the bounded interrupt needs (removing this one's would break pyspark's own
+    interruptTag, which uses it too): the cancel is pyspark's public interruptTag, with a WARNING naming it."""
+    from airflow_provider_hvd.runner.driver import connect_client
+
+    renamed = "SparkConnectClient._interrupt_request_of_another_version"
+    monkeypatch.setitem(connect_client.PARTS, renamed, connect_client.PARTS["SparkConnectClient._interrupt_request"])
+    monkeypatch.setattr(connect_client, "_CANCEL", (renamed, *connect_client._CANCEL[1:]))
+    error, pids, _ = cancel_once_running(HorovodRunner(np=2), pid_dir)
+    assert isinstance(error, RunCancelledError), error
+    assert_all_gone(pids, within=10)
+    warnings = [r.getMessage() for r in runner_log.records if r.levelno == logging.WARNING]
+    assert any(f"has no {renamed}" in w and "the run's cancel is pyspark's interruptTag" in w for w in warnings)
+    assert "could not end" not in messages(runner_log)
+    assert barrier_job_runs(connect_spark)  # the job's operation was interrupted: both task slots free
+
+
+class Planted:
+    """A value whose unpickling on the driver leaves a file: what an intruder's "result" could run there."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (Path(self.path),))
+
+
+def plant(path: str) -> Planted:
+    return Planted(path)
+
+
+def returns_ok() -> str:
+    return "ok"  # no collective: a run whose ranks need not meet rank 0
+
+
+def test_an_agent_that_read_the_plan_and_joined_first_fails_the_run_before_its_result_is_read(
+    connect_spark, monkeypatch, tmp_path
+):
+    """Over a Spark Connect channel without TLS the plan, and the run's secret in it, can be read on the way: an
+    intruder that joins as Spark task 0 before the real agents (here: with the secret the plan carries) must
+    not get its result unpickled by the driver."""
+    import threading
+
+    from airflow_provider_hvd.runner.agent import agent as agent_module
+    from airflow_provider_hvd.runner.agent.agent import run_agent
+    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+    from airflow_provider_hvd.runner.shared.messages import Hello
+    from airflow_provider_hvd.runner.shared.payload import dumps_job
+
+    marker = tmp_path / "unpickled-on-the-driver"
+    evil = dumps_job(plant, (), {"path": str(marker)})
+    said_hello = threading.Event()
+    intruders: list[threading.Thread] = []
+    real_send, real_start = agent_module.send, SparkLauncher.start
+
+    def send(stream, message):
+        real_send(stream, message)
+        if isinstance(message, Hello) and threading.current_thread().name == "intruder":
+            said_hello.set()
+
+    def start(self, args, payload):  # the intruder has what the plan carries: the driver's address, the secret
+        hello = Hello(host="", pid=0, executor="203.0.113.9:40000", partition=0, attempt=0, cpus=1)
+        thread = threading.Thread(target=run_agent, args=(args, lambda: evil, hello), name="intruder")
+        intruders.append(thread)
+        thread.start()
+        assert said_hello.wait(30)  # its hello is the driver's first
+        real_start(self, args, payload)
+
+    monkeypatch.setattr(agent_module, "send", send)
+    monkeypatch.setattr(SparkLauncher, "start", start)
+    with pytest.raises(Exception, match="Someone outside this run knows its secret") as caught:
+        HorovodRunner(np=2).run(returns_ok)
+    for thread in intruders:
+        thread.join(60)
+    assert "two agents said they run Spark task 0 (attempt 0)" in str(caught.value) or "another took its place" in str(
+        caught.value
+    )
+    assert not marker.exists()
+    assert not our_processes()
+    assert barrier_job_runs(connect_spark)
+
+
+def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_once(connect_spark, runner_log):
+    def warnings() -> list[str]:
+        return [
+            r.getMessage() for r in runner_log.records if "is not encrypted (no use_ssl, no token)" in r.getMessage()
+        ]
+
+    assert HorovodRunner(np=2).run(allreduce_sum)["sum"] == 3.0  # on loopback: nothing to say
+    assert not warnings()
+    connect_spark.conf.set(CONNECT_BIND_CONF, "0.0.0.0")  # every interface (as in a container)
+    connect_spark.conf.set(CONNECT_HOST_CONF, "127.0.0.1")
+    assert HorovodRunner(np=2).run(allreduce_sum)["sum"] == 3.0
+    with pytest.raises(LaunchError, match="needs 3 Spark task slots"):
+        HorovodRunner(np=3).run(allreduce_sum)
+    (warning,) = warnings()
+    assert (
+        "the run's secret travels inside the barrier job's plan" in warning
+        and "reaches the driver at 0.0.0.0" in warning
+    )
+    assert "use_ssl=true or a token" in warning and "docs/security.md" in warning
+
+
+def hold_slots_until(path: str):
+    """A task that holds its slot until ``path`` exists (at most 5 minutes)."""
+
+    def task(batches):
+        import os
+        import time
+
+        deadline = time.monotonic() + 300
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        yield from batches
+
+    return task
+
+
+def test_a_busy_cluster_is_waited_for_up_to_slot_wait_timeout_over_connect(connect_standalone, runner_log, tmp_path):
+    """Another session's job holds both cores of the server's application: the run waits for them, counted by
+    the server's Spark UI, up to slot_wait_timeout (not the ranks' 120 s start timeout), saying what it waits
+    for; once they are free it runs."""
+    import threading
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.runner.driver.server_ui import executor_slots, server_ui
+    from airflow_provider_hvd.runner.driver.spark_cluster import session_conf
+
+    release = tmp_path / "release"
+    with connect_session(connect_standalone) as spark:
+        holder = ConnectSession.builder.remote(connect_standalone).create()  # another user's session
+        held = threading.Thread(
+            target=lambda: (
+                holder.range(2, numPartitions=2).mapInArrow(hold_slots_until(str(release)), "id long").collect()
+            )
+        )
+        try:
+            held.start()
+            ui, why = server_ui(session_conf(spark))
+            assert ui, why
+            deadline = time.monotonic() + 120
+            while executor_slots(ui, spark.conf.get("spark.app.id"))[1] < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)  # its tasks start: both slots held
+            started = time.monotonic()
+            with pytest.raises(LaunchError) as caught:
+                HorovodRunner(np=2, slot_wait_timeout=3).run(allreduce_sum)
+            waited = time.monotonic() - started
+            text = str(caught.value)
+            assert re.search(r"waited \ds for 2 free Spark task slots over Spark Connect sc://\S+ \(spark://", text), (
+                text
+            )
+            assert "the application has 2, 2 of them busy with its other jobs" in text and "slot_wait_timeout" in text
+            assert waited < 60, waited  # not the ranks' start timeout (120 s)
+
+            outcome: list = []
+            runner = threading.Thread(target=lambda: outcome.append(HorovodRunner(np=2).run(allreduce_sum)))
+            runner.start()
+            while not any("waiting for 2 free Spark task slots" in r.getMessage() for r in runner_log.records):
+                assert runner.is_alive(), outcome
+                time.sleep(0.2)
+        finally:
+            release.touch()
+            held.join(60)
+            holder.stop()
+        runner.join(180)
+        assert outcome and outcome[0]["sum"] == 3.0, outcome
+
+
+def test_an_address_the_driver_cannot_listen_on_names_the_connect_setting(connect_spark):
+    """Over Spark Connect spark.driver.* are the server's (a hook refuses them): the error names the settings that
+    apply."""
+    connect_spark.conf.set(CONNECT_BIND_CONF, "203.0.113.7")  # not an address of this host (TEST-NET-3)
+    with pytest.raises(LaunchError) as caught:
+        HorovodRunner(np=2).run(allreduce_sum)
+    text = str(caught.value)
+    assert text.startswith("HorovodRunner cannot listen for its driver channel on 203.0.113.7:0"), text
+    assert f"Listen on an address of this host ({CONNECT_BIND_CONF}, or {CONNECT_HOST_CONF} for the address" in text
+    assert "spark.driver.bindAddress" not in text

@@ -10,14 +10,8 @@ import time
 
 import pytest
 
-from airflow_provider_hvd.hooks.spark_ui import (
-    HISTORY_SERVER_CONF,
-    PORT_RETRIES,
-    UI_PROBE_TIMEOUT_S,
-    YARN_PROXY_CONF,
-    lasting_ui_url,
-    server_ui_url,
-)
+from airflow_provider_hvd.hooks.spark_ui import HISTORY_SERVER_CONF, YARN_PROXY_CONF, lasting_ui_url
+from airflow_provider_hvd.runner.driver.server_ui import PORT_RETRIES, UI_PROBE_TIMEOUT_S, server_ui_url
 
 APP = "app-20260101000000-0007"
 YARN_APP = "application_1767225600000_0042"
@@ -105,7 +99,7 @@ def test_the_connect_servers_ui_is_the_first_that_lists_its_application():
         servers.append(server)
     try:
         first = sockets[0].getsockname()[1]
-        assert server_ui_url("127.0.0.1", first, 16, APP) == (f"http://127.0.0.1:{first + 1}/jobs/", "")
+        assert server_ui_url("127.0.0.1", first, 16, APP) == (f"http://127.0.0.1:{first + 1}", "")
     finally:
         for server in servers:
             server.shutdown()

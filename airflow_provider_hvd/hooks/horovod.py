@@ -455,10 +455,10 @@ class HorovodHook(BaseHook):
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
-        slots (over Spark Connect, up to the ranks' start timeout, 120 s); ``np < 0`` runs the ranks in this
-        process's host, without Spark. ``resume_from``, ``progress_sink``, ``stall_timeout``, ``exit_timeout``
-        and ``mlflow`` are :class:`HorovodRunner`'s; the runner stays at ``runner`` afterwards (its ``metrics``,
-        ``checkpoint``, ``mlflow_run_url``).
+        slots (over Spark Connect without the server's Spark UI, up to the ranks' start timeout, 120 s);
+        ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from``, ``progress_sink``,
+        ``stall_timeout``, ``exit_timeout`` and ``mlflow`` are :class:`HorovodRunner`'s; the runner stays at
+        ``runner`` afterwards (its ``metrics``, ``checkpoint``, ``mlflow_run_url``).
         """
         runner = HorovodRunner(
             np=np,

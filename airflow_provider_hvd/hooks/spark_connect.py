@@ -11,13 +11,13 @@ classic session can still start in the same process afterwards.
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from airflow_provider_hvd.runner.driver.connect_client import bound_release
 from airflow_provider_hvd.runner.errors import LaunchError
 
 if TYPE_CHECKING:
@@ -159,11 +159,8 @@ def stop_session(spark: ConnectSession) -> None:
     15 times up to 60 s apart (~10 minutes), each try up to a 10-minute deadline."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    client = spark.client
-    client.set_retry_policies([DefaultPolicy(max_retries=2, initial_backoff=100, max_backoff=1000)])
-    deadlines: Any = getattr(client, "_rpc_deadlines", None)  # pyspark 4.3's per-call deadlines (no public setter)
-    if hasattr(deadlines, "release_session"):
-        client._rpc_deadlines = dataclasses.replace(deadlines, release_session=STOP_TIMEOUT_S)
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=2, initial_backoff=100, max_backoff=1000)])
+    bound_release(spark, STOP_TIMEOUT_S)  # pyspark's per-call deadlines have no public setter
     spark.stop()
 
 

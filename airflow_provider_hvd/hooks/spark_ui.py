@@ -9,13 +9,10 @@ the application's page there, where the server's driver host and UI port answer 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from airflow_provider_hvd.runner.driver.server_ui import server_ui
 from airflow_provider_hvd.runner.driver.spark_cluster import session_conf, state_of, web_ui_of
 
 if TYPE_CHECKING:
@@ -25,8 +22,6 @@ if TYPE_CHECKING:
 HISTORY_SERVER_CONF = "spark.yarn.historyServer.address"
 # set by Spark's YARN scheduler backend on the driver: the ResourceManager proxy of this application
 YARN_PROXY_CONF = "spark.org.apache.hadoop.yarn.server.webproxy.amfilter.AmIpFilter.param.PROXY_URI_BASES"
-UI_PORT, PORT_RETRIES = 4040, 16  # Spark's defaults: the UI takes the first free port from 4040 on
-UI_PROBE_TIMEOUT_S = 3.0  # a UI's first answer can be slow on a loaded host
 
 
 def lasting_ui_url(
@@ -82,25 +77,11 @@ def application_ui_url(sc: SparkContext, history_server: str | None = None) -> s
     )
 
 
-def _serves_application(ui: str, app_id: str) -> bool | None:
-    """Whether the Spark UI at ``ui`` is ``app_id``'s; None where nothing listens there."""
-    try:
-        with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=UI_PROBE_TIMEOUT_S) as resp:
-            apps = json.load(resp)
-    except urllib.error.URLError as exc:
-        return None if isinstance(exc.reason, ConnectionRefusedError) else False
-    except (OSError, ValueError):
-        return False
-    return isinstance(apps, list) and any(isinstance(app, dict) and app.get("id") == app_id for app in apps)
-
-
 def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> tuple[str | None, str]:
     """The page of a Spark Connect server's application, and why there is none when it is None.
 
     As :func:`lasting_ui_url` for the server's application (a History Server, YARN's proxy, the standalone
-    master's application page), else the server's own UI: from ``spark.driver.host`` and ``spark.ui.port`` on,
-    the port whose ``/api/v1/applications`` lists the application (another application's UI may hold a port; the
-    first port where nothing listens ends it).
+    master's application page), else the jobs page of the server's own UI (``runner.driver.server_ui``).
     """
     conf = session_conf(spark)
     app_id = conf("spark.app.id")
@@ -109,26 +90,5 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
     lasting = _lasting_url_of(conf("spark.master") or "", app_id, conf, history_server=history_server)
     if lasting:
         return lasting, ""
-    if (conf("spark.ui.enabled") or "true").lower() == "false":
-        return None, f"the Spark Connect server's application {app_id} has its UI off (spark.ui.enabled=false)"
-    host, first = conf("spark.driver.host"), int(conf("spark.ui.port") or UI_PORT)
-    if not host or first == 0:
-        return None, f"the Spark Connect server does not say where its UI is (spark.driver.host, spark.ui.port={first})"
-    return server_ui_url(host, first, int(conf("spark.port.maxRetries") or PORT_RETRIES), app_id)
-
-
-def server_ui_url(host: str, first: int, retries: int, app_id: str) -> tuple[str | None, str]:
-    """The jobs page of the UI on ``host`` that lists ``app_id``, from port ``first`` up to ``first + retries``
-    (the first port where nothing listens ends it), and why there is none when it is None.
-
-    The ports are asked at once: a host that drops packets costs one probe's timeout, not one per port.
-    """
-    uis = [f"http://{host}:{port}" for port in range(first, first + retries + 1)]
-    with ThreadPoolExecutor(min(len(uis), PORT_RETRIES + 1), thread_name_prefix="hvd-ui-probe") as probes:
-        answers = list(probes.map(lambda ui: _serves_application(ui, app_id), uis))
-    for ui, serves in zip(uis, answers, strict=True):
-        if serves:
-            return f"{ui}/jobs/", ""
-        if serves is None:
-            break
-    return None, f"no Spark UI from http://{host}:{first} on lists the Spark Connect server's application {app_id}"
+    ui, why = server_ui(conf)
+    return (f"{ui}/jobs/", "") if ui else (None, why)

@@ -28,8 +28,8 @@ class HorovodRunnerOperator(TrainingJobOperator):
         job then runs on that Spark Connect server, in a session of its own.
     :param spark_conf: Spark settings on top of the connection's (templated).
     :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
-        before failing; a job that can never fit the cluster fails at once. Over Spark Connect it is not used:
-        the wait for slots is bounded by the ranks' start timeout (120 s).
+        before failing; a job that can never fit the cluster fails at once. Over Spark Connect the free slots
+        are counted by the server's Spark UI; where it is off, the ranks' start timeout (120 s) bounds the wait.
     :param stall_timeout: seconds or a timedelta (default None: off). When no rank has written output or reported
         progress for that long, the task log gets every rank's Python stacks, the ranks are ended and the task
         fails with :class:`RunStalledError` saying where each rank was. Airflow's ``execution_timeout`` and

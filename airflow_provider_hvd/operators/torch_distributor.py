@@ -35,7 +35,7 @@ class TorchDistributorOperator(TrainingJobOperator):
     :param spark_conf: Spark settings on top of the connection's (templated), e.g.
         ``{"spark.task.resource.gpu.amount": "1"}``.
     :param slot_wait_timeout: seconds to wait for free task slots on a busy cluster (default 600); over Spark
-        Connect not used (the ranks' start timeout, 120 s, bounds the wait).
+        Connect where the server's Spark UI is off, the ranks' start timeout (120 s) bounds the wait.
     :param stall_timeout: seconds or a timedelta (default None: off): as :class:`HorovodRunnerOperator`'s.
     :param exit_timeout: seconds or a timedelta (default 120) for the processes' exit work once every one
         returned: as :class:`HorovodRunnerOperator`'s.

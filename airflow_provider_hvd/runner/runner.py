@@ -270,8 +270,9 @@ class HorovodRunner(_Runner):
         ``LogCallback`` lines, the rest staying in the executors' stderr.
     :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
         busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once). Over
-        Spark Connect it is not used: the client cannot count the server's free slots, and the barrier stage's
-        wait in Spark's scheduler is bounded by the ranks' start timeout (120 s).
+        Spark Connect the free slots are counted by the server's Spark UI (its REST API); where that UI is off,
+        the client cannot count them, and the barrier stage's wait in Spark's scheduler is bounded by the ranks'
+        start timeout (120 s).
     :param resume_from: the checkpoint the ranks resume from: what ``last_checkpoint()`` returns in them. A
         dict with a ``"path"`` (e.g. another runner's ``checkpoint``), a path, or None (start afresh).
     :param progress_sink: where the metrics history and the last checkpoint go while the run goes on (the

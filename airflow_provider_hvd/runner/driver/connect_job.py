@@ -12,12 +12,15 @@ agents' reports) tell how the tasks end.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError
 from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
-from .address import DriverAddress, connect_driver_address
+from .address import DriverAddress, connect_driver_address, is_loopback
+from .connect_client import endpoint, interrupt_tag, is_tls
 from .slots import check_connect_slots, jvm_mebibytes, spark_bytes
 from .spark_app import BarrierTask, JobStatus
 from .spark_cluster import is_local, session_conf
@@ -25,6 +28,8 @@ from .spark_status import Task
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
+
+log = logging.getLogger("airflow_provider_hvd.runner")
 
 MESSAGE_SIZE_CONF = "spark.connect.grpc.maxInboundMessageSize"
 DEFAULT_MESSAGE_BYTES = 128 * 1024 * 1024  # the server's default, and the Python client's own send limit
@@ -82,7 +87,7 @@ def _arrow_task(task: BarrierTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 def server_url(spark: SparkSession) -> str:
     """``sc://host:port`` of the session's server (without its token or other parameters)."""
-    return f"sc://{getattr(spark.client._builder, 'endpoint', spark.client.host)}"
+    return f"sc://{endpoint(spark)}"
 
 
 def job_limit(conf: Callable[[str], str | None]) -> tuple[int, str]:
@@ -117,6 +122,29 @@ def job_too_large(size: int, limit: int, bound_by: str, url: str) -> LaunchError
     )
 
 
+_warned_readable: set[str] = set()  # the servers whose plaintext channel was warned of (once per process each)
+_warned_lock = threading.Lock()
+
+
+def warn_if_plan_readable(url: str, tls: bool, bind: str) -> None:
+    """Once per process and server: the run's secret rides in the plan over a channel that is not TLS, to a
+    driver that listens beyond loopback (docs/security.md)."""
+    if tls or is_loopback(bind):
+        return
+    with _warned_lock:
+        if url in _warned_readable:
+            return
+        _warned_readable.add(url)
+    log.warning(
+        "The Spark Connect channel to %s is not encrypted (no use_ssl, no token), and the run's secret travels "
+        "inside the barrier job's plan on it: whoever reads that traffic and reaches the driver at %s can join the "
+        "run in a Spark task's place (the run then fails, naming it). Connect with use_ssl=true or a token (TLS), "
+        "or keep the server and its clients on a network only they reach; see docs/security.md.",
+        url,
+        bind,
+    )
+
+
 class ConnectApp:
     """A Spark Connect session's application, as :class:`.spark_launch.SparkLauncher` uses it."""
 
@@ -135,10 +163,14 @@ class ConnectApp:
         return f"over Spark Connect {self.url} ({self.master})"
 
     def driver_address(self) -> DriverAddress:
-        return connect_driver_address(self.conf, self.spark.client.host, self.local, self.naming)
+        driver = connect_driver_address(self.conf, self.spark.client.host, self.local, self.naming)
+        warn_if_plan_readable(self.url, is_tls(self.spark), driver.bind)
+        return driver
 
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
-        check_connect_slots(self.master, self.conf, tasks, self.where(), self.naming)
+        check_connect_slots(
+            self.master, self.conf, tasks, self.where(), self.naming, timeout, cancelled, self._session_stopped
+        )
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         limit, bound_by = job_limit(self.conf)
@@ -155,10 +187,7 @@ class ConnectApp:
             self.spark.removeTag(tag)
 
     def cancel(self, tag: str) -> None:
-        # one call, bounded: pyspark's interruptTag retries a server that is gone for ~10 minutes
-        client = self.spark.client
-        request = client._interrupt_request("tag", tag)
-        client._stub.Interrupt(request, metadata=client._builder.metadata(), timeout=CANCEL_CALL_S)
+        interrupt_tag(self.spark, tag, CANCEL_CALL_S)  # one call, bounded (pyspark's retries take ~10 minutes)
 
     def name_of(self, tag: str) -> str:
         return f"operation tag {tag} of the session {self.spark.session_id} on {self.url}"
@@ -172,7 +201,9 @@ class ConnectApp:
     def unship(self, tasks_running: bool = False) -> None:
         pass  # the plan went with its operation; the server's task binary goes with its JVM's next clean-up
 
+    def _session_stopped(self) -> str | None:
+        return f"the Spark Connect session to {self.url} was stopped" if self.spark.is_stopped else None
+
     def stopped(self) -> str | None:
-        if not self.spark.is_stopped:
-            return None
-        return f"the Spark Connect session to {self.url} was stopped while the ranks ran (by the application)"
+        why = self._session_stopped()
+        return None if why is None else f"{why} while the ranks ran (by the application)"

@@ -3,7 +3,9 @@
 A barrier stage of ``np`` tasks starts only when ``np`` task slots are free at once (the application's own other
 jobs, e.g. another Airflow task's run in the hook's shared session, may hold some). As sparkdl does, a busy
 cluster that could hold the job is waited for (with a report every 30 s), up to a bound; a job that can
-never fit (more ranks than a local master's cores or a standalone cluster's) is refused at once.
+never fit (more ranks than a local master's cores or a standalone cluster's) is refused at once. A classic
+application's slots are its SparkContext's; a Spark Connect server's are counted by its Spark UI's REST API
+(:mod:`.server_ui`), where the UI answers.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import math
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import LaunchError, RunCancelledError
 from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
-from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, master_state_or_why, state_of
+from .server_ui import executor_slots, server_ui
+from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, state_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -183,12 +186,12 @@ def limits_note(state: dict[str, Any] | None, conf: dict[str, str], size: int) -
     return f" GPUs are what limits it{on_workers}: {asked}. To fit, {more_gpus}."
 
 
-def total_unknown_note(sc: SparkContext) -> str:
-    """Why the most slots the cluster could give is not known, and the setting that would tell it; "" if known."""
-    master = sc.master or ""
+def total_unknown_note(master: str, conf: Callable[[str], str | None]) -> str:
+    """Why the most slots the cluster of an application (its master URL, its conf getter) could give is not
+    known, and the setting that would tell it; "" if known."""
     if is_local(master):
         return ""
-    state, why = master_state_or_why(sc)
+    state, why = state_of(master, conf)
     if state is not None:
         return ""
     if master.startswith("spark://"):
@@ -242,13 +245,117 @@ def local_slots(master: str, task_cpus: int) -> int | None:
     return int(match.group(1) or 1) // task_cpus
 
 
+class SlotCount(Protocol):
+    """What the wait for free task slots asks of an application: a classic SparkContext's (:class:`ClassicSlots`),
+    or a Spark Connect server's, from its Spark UI's REST API (:class:`ConnectSlots`)."""
+
+    where: str  # where the job runs, for the texts: "on local[2]", "over Spark Connect sc://h:p (local[2])"
+
+    def now(self) -> tuple[int, int]:
+        """The application's task slots, and how many of them its running tasks hold."""
+
+    def at_most(self) -> int | None:
+        """The most task slots the application could ever have, or None where that cannot be known."""
+
+    def never_fits(self, size: int, total: int) -> LaunchError: ...
+    def stopped(self, size: int) -> str | None:
+        """Why the wait cannot go on when the application has stopped; None while it runs."""
+
+    def unknown_note(self) -> str: ...
+    def limits_note(self, size: int) -> str: ...
+
+
+class ClassicSlots:
+    """A SparkContext's slots: its scheduler's count, and its status tracker's running tasks."""
+
+    def __init__(self, sc: SparkContext, naming: RunnerNaming = HOROVOD_RUNNER) -> None:
+        self.sc, self.naming = sc, naming
+        self.where = f"on {sc.master}"
+
+    def now(self) -> tuple[int, int]:
+        return slots_now(self.sc), busy_slots(self.sc)
+
+    def at_most(self) -> int | None:
+        return slots_at_most(self.sc)
+
+    def never_fits(self, size: int, total: int) -> LaunchError:
+        return _never_fits(self.sc, size, total, self.naming)
+
+    def stopped(self, size: int) -> str | None:
+        if self.sc._jsc is not None and not self.sc._jsc.sc().isStopped():
+            return None
+        return (
+            f"the SparkContext on {self.sc.master} stopped while {self.naming.runner} waited for {size} task slots "
+            "(did the master give up the application?); see Spark's log above"
+        )
+
+    def unknown_note(self) -> str:
+        return total_unknown_note(self.sc.master or "", self.sc.getConf().get)
+
+    def limits_note(self, size: int) -> str:
+        return limits_note(master_state(self.sc), dict(self.sc.getConf().getAll()), size)
+
+
+class ConnectSlots:
+    """A Spark Connect server's application's slots, as its Spark UI's REST API counts them (``ui``: the UI)."""
+
+    def __init__(
+        self,
+        master: str,
+        conf: Callable[[str], str | None],
+        where: str,
+        ui: str,
+        stopped: Callable[[], str | None],
+        naming: RunnerNaming = HOROVOD_RUNNER,
+    ) -> None:
+        self.master, self.conf, self.where, self.ui, self.naming = master, conf, where, ui, naming
+        self.app_id = conf("spark.app.id") or ""
+        self.settings = {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
+        self._stopped = stopped
+
+    def now(self) -> tuple[int, int]:
+        return executor_slots(self.ui, self.app_id)
+
+    def at_most(self) -> int | None:
+        if is_local(self.master):
+            return local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
+        state = state_of(self.master, self.conf)[0]
+        return None if state is None else standalone_capacity(state, self.settings)
+
+    def never_fits(self, size: int, total: int) -> LaunchError:
+        state = state_of(self.master, self.conf)[0]
+        return never_fits_error(self.master, size, total, self.settings, state, self.naming)
+
+    def stopped(self, size: int) -> str | None:
+        why = self._stopped()
+        return (
+            None
+            if why is None
+            else f"{why} while {self.naming.runner} waited for {size} task slots (by the application)"
+        )
+
+    def unknown_note(self) -> str:
+        return total_unknown_note(self.master, self.conf)
+
+    def limits_note(self, size: int) -> str:
+        return limits_note(state_of(self.master, self.conf)[0], self.settings, size)
+
+
 def check_connect_slots(
-    master: str, conf: Callable[[str], str | None], size: int, where: str, naming: RunnerNaming = HOROVOD_RUNNER
+    master: str,
+    conf: Callable[[str], str | None],
+    size: int,
+    where: str,
+    naming: RunnerNaming = HOROVOD_RUNNER,
+    timeout: float = DEFAULT_SLOT_WAIT_S,
+    cancelled: Callable[[], bool] = lambda: False,
+    stopped: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
-    (a local master's cores, a standalone master's ``/json/``). The free slots cannot be counted without a
-    SparkContext: a busy application's barrier stage waits in Spark's scheduler, as long as the run's
-    ``start_timeout_s``."""
+    (a local master's cores, a standalone master's ``/json/``), and wait up to ``timeout`` seconds for ``size``
+    free slots, counted by the server's Spark UI (its REST API). Without that UI the free slots cannot be
+    counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
+    run's ``start_timeout_s``, which is said."""
     _refuse_dynamic_allocation(conf, size)
     settings = {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
     state, why = state_of(master, conf)
@@ -258,11 +365,21 @@ def check_connect_slots(
         total = None if state is None else standalone_capacity(state, settings)
     if total is not None and total < size:
         raise never_fits_error(master, size, total, settings, state, naming)
+    ui, no_ui = server_ui(conf)
+    if ui is not None:
+        try:
+            count = ConnectSlots(master, conf, where, ui, stopped, naming)
+            wait_for_free_slots(count, size, timeout, cancelled, naming)
+            return
+        except (OSError, ValueError) as exc:  # the UI stopped answering: the count is gone, not the job
+            no_ui = f"the server's Spark UI at {ui} did not answer with its executors ({exc})"
     log.info(
-        "%s: %s: the free task slots cannot be counted over Spark Connect; the barrier job's %d tasks "
-        "start once Spark has %d free at once%s",
+        "%s: %s: the free task slots cannot be counted (%s); the barrier job's %d tasks start once Spark has %d "
+        "free at once%s: until then they wait in Spark's scheduler, up to the ranks' start timeout "
+        "(start_timeout_s), not slot_wait_timeout",
         naming.runner,
         where,
+        no_ui,
         size,
         size,
         f" (the cluster has {total} at most)" if total is not None else f" ({why})" if why else "",
@@ -283,40 +400,45 @@ def wait_for_slots(
     RunCancelledError when ``cancelled()`` turns true while waiting.
     """
     check_barrier_allowed(sc, size)
-    slots, busy = slots_now(sc), busy_slots(sc)
+    wait_for_free_slots(ClassicSlots(sc, naming), size, timeout, cancelled, naming)
+
+
+def wait_for_free_slots(
+    count: SlotCount, size: int, timeout: float, cancelled: Callable[[], bool], naming: RunnerNaming = HOROVOD_RUNNER
+) -> None:
+    """:func:`wait_for_slots` on any :class:`SlotCount`."""
+    slots, busy = count.now()
     if slots - busy >= size:
         return
-    total = slots_at_most(sc)
+    total = count.at_most()
     if total is not None and total < size:
-        raise _never_fits(sc, size, total, naming)
+        raise count.never_fits(size, total)
     started = time.monotonic()
     next_report = started + min(FIRST_REPORT_S, REPORT_EVERY_S)
     while slots - busy < size:
         now = time.monotonic()
         if cancelled():
-            raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots on {sc.master}")
-        if sc._jsc is None or sc._jsc.sc().isStopped():
-            raise LaunchError(
-                f"the SparkContext on {sc.master} stopped while {naming.runner} waited for {size} task slots "
-                "(did the master give up the application?); see Spark's log above"
-            )
+            raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots {count.where}")
+        stopped = count.stopped(size)
+        if stopped is not None:
+            raise LaunchError(stopped)
         if now - started >= timeout:
-            unknown = total_unknown_note(sc) if total is None else ""
+            unknown = count.unknown_note() if total is None else ""
             raise LaunchError(
                 f"{naming.call(size * naming.per_task)} waited {now - started:.0f}s for {size} free Spark task slots "
-                f"on {sc.master}, and the application has {slots}{_busy_note(busy)} (the cluster or the application "
+                f"{count.where}, and the application has {slots}{_busy_note(busy)} (the cluster or the application "
                 f"is busy with other jobs, or its executors cannot start{'; ' + unknown if unknown else ''})."
-                f"{limits_note(master_state(sc), dict(sc.getConf().getAll()), size)} Wait longer (slot_wait_timeout, "
-                f"now {timeout:g}s), free the cluster, or lower {naming.size}."
+                f"{count.limits_note(size)} Wait longer (slot_wait_timeout, now {timeout:g}s), free the cluster, or "
+                f"lower {naming.size}."
             )
         if now >= next_report:
-            unknown = total_unknown_note(sc) if total is None else ""
+            unknown = count.unknown_note() if total is None else ""
             at_most = f" of the {total} it could hold" if total is not None else f"; {unknown}" if unknown else ""
             log.warning(
-                "%s: waiting for %d free Spark task slots on %s; the application has %d%s%s (%.0fs waited, up to %gs)",
+                "%s: waiting for %d free Spark task slots %s; the application has %d%s%s (%.0fs waited, up to %gs)",
                 naming.runner,
                 size,
-                sc.master,
+                count.where,
                 slots,
                 at_most,
                 _busy_note(busy),
@@ -324,8 +446,8 @@ def wait_for_slots(
                 timeout,
             )
             next_report = now + REPORT_EVERY_S
-            total = slots_at_most(sc)  # workers may have come or gone
+            total = count.at_most()  # workers may have come or gone
             if total is not None and total < size:
-                raise _never_fits(sc, size, total, naming)
+                raise count.never_fits(size, total)
         time.sleep(POLL_S)
-        slots, busy = slots_now(sc), busy_slots(sc)
+        slots, busy = count.now()

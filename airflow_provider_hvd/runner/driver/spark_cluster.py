@@ -89,9 +89,11 @@ def _connect_session(default: bool) -> SparkSession | None:
         return None
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+    from .connect_client import default_session
+
     session = ConnectSession.getActiveSession()
     if session is None and default:
-        session = ConnectSession._get_default_session()  # made in another thread (pyspark has no public getter)
+        session = default_session()  # made in another thread (pyspark has no public getter)
     return session  # type: ignore[return-value]  # (a Connect session has the classic one's API)
 
 

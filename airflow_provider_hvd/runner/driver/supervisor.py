@@ -275,6 +275,11 @@ class Supervisor:
     def _on_event(self, event: ChannelEvent) -> None:
         conn, message = event.conn, event.message
         if isinstance(message, Hello):
+            intruded = self._not_of_this_job(conn, message)
+            if intruded is not None:  # before anything of that agent's is read, its rank 0 result above all
+                conn.abort("another agent has this Spark task's place in the run")
+                self._record(LaunchFailed(self.launcher.describe(), intruded))
+                return
             if self._agents_started() or self._outcome.ending:
                 conn.abort("this run has already started or ended; a re-run task cannot join it")
                 return
@@ -329,6 +334,46 @@ class Supervisor:
                 after_return=id(conn) in self._returned,
             )
             self._record(lost)
+
+    def _not_of_this_job(self, conn: AgentConnection, hello: Hello) -> str | None:
+        """Why ``hello`` shows that an agent not of this job proved the run's secret, or None.
+
+        Each Spark task of the job has one agent per process, said once per attempt. A second agent for the
+        same task, process and attempt, or one of this job's tasks left out of the started ranks (another agent
+        took its place), means the secret is known outside the run (over Spark Connect it rides in the plan,
+        docs/security.md): the run fails before any rank's result is read.
+        """
+        if hello.executor is None:
+            return None  # agents of this process (local runs)
+        spark = [(other, other.hello) for other in self._agents if other.hello and other.hello.executor is not None]
+        task = f"Spark task {hello.partition} (attempt {hello.attempt}" + (
+            f", process {hello.process})" if hello.process else ")"
+        )
+        same = [
+            other
+            for other, seen in spark
+            if (seen.partition, seen.process, seen.attempt) == (hello.partition, hello.process, hello.attempt)
+        ]
+        attempts = [seen.attempt or 0 for _, seen in spark]
+        left_out = (
+            self._agents_started()
+            and not self._outcome.ending
+            and (hello.attempt or 0) <= max(attempts, default=0)
+            and all((seen.partition, seen.process) != (hello.partition, hello.process) for _, seen in spark)
+        )
+        if same:
+            found = f"two agents said they run {task}, from {same[0].peer} and {conn.peer}"
+        elif left_out:
+            found = (
+                f"the agent of {task} came from {conn.peer} after the ranks started without it: another took its place"
+            )
+        else:
+            return None
+        return (
+            f"{found}. Someone outside this run knows its secret (over Spark Connect it travels in the barrier "
+            "job's plan: connect with use_ssl=true or a token, see docs/security.md); the run ends without "
+            "reading rank 0's result."
+        )
 
     def _host_lost(self, conn: AgentConnection, silent_for: float, received_at: float) -> bool:
         """``conn`` went silent: when every running agent on its host went silent too, the host is lost (one
