@@ -278,19 +278,6 @@ def test_the_memory_settings_for_a_killed_ranks_evidence_are_read_as_the_launch_
     assert launcher.memory_settings() == {"spark.driver.memory": "1g (default)"}
 
 
-def test_a_thread_without_a_session_of_its_own_runs_on_the_classic_one_not_another_threads_connect_one(
-    connect_spark, spark_local
-):
-    """Another thread's Connect session (e.g. another hook's, which it stops when its job ends) is not taken
-    by a thread that has none while a classic SparkContext runs; a thread's own Connect session comes first."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        found = pool.submit(active_session).result()
-    assert not is_connect(found) and found.sparkContext is spark_local.sparkContext
-    assert active_session() is connect_spark  # this thread's
-
-
 def test_pyspark_still_has_the_private_client_parts_the_runner_relies_on(connect_spark):
     """An upgrade of pyspark that renames one fails here, naming it (the runner then falls back to the public
     calls with a WARNING: the cancel and the release are no longer bounded)."""
@@ -388,7 +375,13 @@ def test_an_agent_that_read_the_plan_and_joined_first_fails_the_run_before_its_r
     assert barrier_job_runs(connect_spark)
 
 
-def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_once(connect_spark, runner_log):
+def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_once(
+    connect_spark, runner_log, monkeypatch
+):
+    from airflow_provider_hvd.runner.driver import connect_job
+
+    monkeypatch.setattr(connect_job, "_warned_readable", set())  # (an earlier test's launcher may have said it)
+
     def warnings() -> list[str]:
         return [
             r.getMessage() for r in runner_log.records if "is not encrypted (no use_ssl, no token)" in r.getMessage()
@@ -485,3 +478,18 @@ def test_an_address_the_driver_cannot_listen_on_names_the_connect_setting(connec
     assert text.startswith("HorovodRunner cannot listen for its driver channel on 203.0.113.7:0"), text
     assert f"Listen on an address of this host ({CONNECT_BIND_CONF}, or {CONNECT_HOST_CONF} for the address" in text
     assert "spark.driver.bindAddress" not in text
+
+
+# last: its classic SparkContext (spark_local) stays until the module ends, and a thread without a Connect
+# session of its own would run on it
+def test_a_thread_without_a_session_of_its_own_runs_on_the_classic_one_not_another_threads_connect_one(
+    connect_spark, spark_local
+):
+    """Another thread's Connect session (e.g. another hook's, which it stops when its job ends) is not taken
+    by a thread that has none while a classic SparkContext runs; a thread's own Connect session comes first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        found = pool.submit(active_session).result()
+    assert not is_connect(found) and found.sparkContext is spark_local.sparkContext
+    assert active_session() is connect_spark  # this thread's
