@@ -41,6 +41,9 @@ class MlflowServer:
             "--default-artifact-root", str(self.workdir / "artifacts"),
         ]  # fmt: skip
         env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+        # no job runner: MLflow 3.17 starts eight huey consumer processes for server-side jobs (a whole core at
+        # start-up on this machine), which no test uses
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         if self.auth:
             command[2:2] = ["--app-name", "basic-auth"]
             env.update(self._auth_settings())
