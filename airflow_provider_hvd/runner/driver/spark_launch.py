@@ -38,7 +38,11 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 _TASK_FAILURE_POLL_S = 1.0
 _TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
-_JOB_END_WAIT_S = 60.0  # a cancelled job's end, and its tasks', is waited for so long; then it is left to Spark
+_JOB_END_WAIT_S = 60.0  # a cancelled job's end is waited for so long; then it is left to Spark
+# once the job has ended, its killed tasks' ends are waited for so long: Spark kills their Python workers at once,
+# but a task on a host that vanished ends only when Spark declares its executor lost (minutes): run() must not
+# wait for that (a lost host is named within seconds, and the run ends with it)
+_TASKS_END_WAIT_S = 5.0
 _CANCEL_AGAIN_S = 2.0  # the cancel is sent again while the job runs on
 _TASKS_END_POLL_S = 0.2  # the job has ended, its tasks are ending (a killed task's end comes seconds later)
 EXECUTOR_CUDA_DEVICES = "spark.executorEnv.CUDA_VISIBLE_DEVICES"  # the executors' GPUs, set on purpose
@@ -246,19 +250,24 @@ class SparkLauncher:
 
     def stop(self, cancel: bool) -> None:
         """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete. Spark's
-        copies of the job are dropped then; a job or tasks still running after ``_JOB_END_WAIT_S`` are left to
-        Spark, with a warning naming the job, and keep what they need of the job."""
+        copies of the job are dropped then; a job still running after ``_JOB_END_WAIT_S``, or tasks still running
+        ``_TASKS_END_WAIT_S`` after it ended (on a host that vanished, say), are left to Spark, with a warning naming
+        the job, and keep what they need of the job."""
         if self._thread is None:
             return
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
         started = time.monotonic()
+        job_ended_at: float | None = None
         running = True  # (an error below, the application gone: nothing is destroyed under what may still run)
         try:
             while (running := self._thread.is_alive() or self._tasks_running()) and (
                 time.monotonic() - started < _JOB_END_WAIT_S
             ):
                 if not self._thread.is_alive():  # the job has ended; its killed tasks end a moment later
+                    job_ended_at = job_ended_at or time.monotonic()
+                    if time.monotonic() - job_ended_at >= _TASKS_END_WAIT_S:
+                        break
                     time.sleep(_TASKS_END_POLL_S)
                     continue
                 self._cancel_sent = True
