@@ -25,38 +25,43 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' Connect server
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from typing import Any  # noqa: E402
 
 from connect_server import ConnectServer  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
-from rounds import Method, run_rounds  # noqa: E402
+from rounds import Method, benchmark_parser, run_rounds, trivial, write_json  # noqa: E402
 
 
-def trivial() -> int:
-    """benchmarks/launch.py's job (imported from there, the payload would also ship this script by value, which
-    cloudpickle refuses for ``__main__``): join the ring, one tiny allreduce, return the rank."""
-    import horovod.torch as hvd
-    import torch
+def connect_figures(methods: list[Method]) -> dict[str, Any]:
+    """Per method its median, min and runs in seconds, or its error."""
+    return {
+        m.name: {"label": m.label, "median_s": statistics.median(m.times), "min_s": min(m.times), "runs": m.times}
+        if m.times
+        else {"label": m.label, "error": m.error}
+        for m in methods
+    }
 
-    hvd.init()
-    hvd.allreduce(torch.ones(1), name="bench")
-    return hvd.rank()
 
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=4, help="timed launches per method (default 4)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
-    return parser.parse_args(argv)
+def format_report(figures: dict[str, Any]) -> str:
+    lines = [
+        f"{name:<8} median {info['median_s']:.2f}s  min {info['min_s']:.2f}s  ({info['label']})"
+        if "median_s" in info
+        else f"{name:<8} n/a: {info['error']}"
+        for name, info in figures.items()
+    ]
+    if all("median_s" in info for info in figures.values()):
+        lines.append(
+            f"connect / classic (median): {figures['connect']['median_s'] / figures['classic']['median_s']:.2f}"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = benchmark_parser(__doc__, repeats=4).parse_args(argv)
     logging.getLogger("airflow_provider_hvd").setLevel(logging.WARNING)
     from airflow_provider_hvd import HorovodRunner
 
@@ -86,21 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         connect_thread.shutdown(wait=True)
         server.stop()
         classic.stop()
-    figures = {
-        m.name: {"label": m.label, "median_s": statistics.median(m.times), "min_s": min(m.times), "runs": m.times}
-        if m.times
-        else {"label": m.label, "error": m.error}
-        for m in methods
-    }
-    for name, info in figures.items():
-        if "median_s" in info:
-            print(f"{name:<8} median {info['median_s']:.2f}s  min {info['min_s']:.2f}s  ({info['label']})")
-        else:
-            print(f"{name:<8} n/a: {info['error']}")
-    if all("median_s" in info for info in figures.values()):
-        print(f"connect / classic (median): {figures['connect']['median_s'] / figures['classic']['median_s']:.2f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    figures = connect_figures(methods)
+    print(format_report(figures))
+    write_json(args.json, figures)
     return 0
 
 

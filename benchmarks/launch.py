@@ -4,14 +4,14 @@ Measures the wall time of launching a trivial 2-rank Horovod job (``hvd.init()``
 allreduce, return the rank) four ways, on one warm ``local[2]`` SparkSession:
 
 ``hr_spark``
-    ``HorovodRunner(np=2).run(trivial)``: this project's Spark barrier launch.
+    ``HorovodRunner(np=2).run(rounds.trivial)``: this project's Spark barrier launch.
 ``hvd_spark``
-    ``horovod.spark.run(trivial, num_proc=2, use_gloo=True)``: Horovod's own Spark launcher.
+    ``horovod.spark.run(rounds.trivial, num_proc=2, use_gloo=True)``: Horovod's own Spark launcher.
 ``floor``
     Two plain ``python -c`` processes that import torch and horovod and join through Horovod's
     rendezvous HTTP server (started once, outside the timing): the cost any launcher pays.
 ``hr_local``
-    ``HorovodRunner(np=-2).run(trivial)``: local mode, no Spark.
+    ``HorovodRunner(np=-2).run(rounds.trivial)``: local mode, no Spark.
 
 Each method gets one untimed warm-up, then ``--repeats`` timed runs interleaved round-robin
 (A, B, C, D, A, B, C, D, ...) so machine noise hits all methods alike. Printed per method: median
@@ -31,35 +31,22 @@ import sys
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from pyspark.sql import SparkSession  # noqa: E402
-from rounds import Method, run_rounds  # noqa: E402
+import rounds  # noqa: E402
 
 NUM_PROC = 2
 HOST = "127.0.0.1"
+RATIOS = (("hr_spark", "hvd_spark"), ("hr_spark", "floor"))  # medians compared
+DIGITS = 4  # the seconds' decimals in the JSON
 
-# What a floor rank runs: the same work as `trivial`, with no launcher around it.
+# What a floor rank runs: the same work as `rounds.trivial`, with no launcher around it.
 FLOOR_RANK_CODE = (
     "import torch, horovod.torch as hvd\nhvd.init()\nhvd.allreduce(torch.ones(1), name='bench')\nhvd.shutdown()\n"
 )
-
-
-def trivial() -> int:
-    """The job every launcher runs: join the ring, one tiny allreduce, return the rank."""
-    import horovod.torch as hvd
-    import torch
-
-    hvd.init()
-    hvd.allreduce(torch.ones(1), name="bench")
-    return hvd.rank()
 
 
 # --- the launchers -------------------------------------------------------------------------------
@@ -68,7 +55,7 @@ def trivial() -> int:
 def hr_run(np: int) -> Callable[[], object]:
     from airflow_provider_hvd import HorovodRunner
 
-    return lambda: HorovodRunner(np=np).run(trivial)
+    return lambda: HorovodRunner(np=np).run(rounds.trivial)
 
 
 def hvd_spark_run() -> Callable[[], object]:
@@ -84,7 +71,7 @@ def hvd_spark_run() -> Callable[[], object]:
         return unavailable
 
     def launch() -> object:
-        results = horovod.spark.run(trivial, num_proc=NUM_PROC, use_gloo=True, verbose=0)
+        results = horovod.spark.run(rounds.trivial, num_proc=NUM_PROC, use_gloo=True, verbose=0)
         if sorted(results) != list(range(NUM_PROC)):
             raise RuntimeError(f"unexpected results {results!r}")
         return results
@@ -155,37 +142,6 @@ class FloorLauncher:
 # --- running and reporting -----------------------------------------------------------------------
 
 
-def quiet_logging() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("airflow_provider_hvd").setLevel(logging.WARNING)
-
-
-def start_spark() -> SparkSession:
-    spark = (
-        SparkSession.builder.master(f"local[{NUM_PROC}]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def summarize(methods: list[Method]) -> dict[str, Any]:
-    """Median and min per method, and the ratios of hr_spark's median to hvd_spark's and floor's."""
-    figures: dict[str, Any] = {"methods": {}, "ratios": {}}
-    for m in methods:
-        figures["methods"][m.name] = {
-            "label": m.label,
-            "times_s": [round(t, 4) for t in m.times],
-            "median_s": round(statistics.median(m.times), 4) if m.times and m.error is None else None,
-            "min_s": round(min(m.times), 4) if m.times and m.error is None else None,
-            "error": m.error,
-        }
-    by_name = figures["methods"]
-    for other in ("hvd_spark", "floor"):
-        num, den = by_name["hr_spark"]["median_s"], by_name[other]["median_s"]
-        figures["ratios"][f"hr_spark/{other}"] = round(num / den, 2) if num and den else None
-    return figures
-
-
 def format_table(figures: dict[str, Any], repeats: int) -> str:
     rows = [("method", "median s", "min s")]
     for info in figures["methods"].values():
@@ -198,43 +154,30 @@ def format_table(figures: dict[str, Any], repeats: int) -> str:
     for label, med, low in rows:
         lines.append(f"{label:<{width[0]}}  {med:>{width[1]}}  {low}")
     for name, ratio in figures["ratios"].items():
-        lines.append(f"{name} (median): {'n/a' if ratio is None else f'{ratio:.2f}x'}")
+        lines.append(f"{name} (median): {rounds.shown(ratio, unit='x')}")
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per method (default 5)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    quiet_logging()
-    spark = start_spark()
+    args = rounds.benchmark_parser(__doc__, repeats=5, what="timed runs per method").parse_args(argv)
+    rounds.quiet_logging()
+    spark = rounds.local_spark(NUM_PROC)
     floor = FloorLauncher()
     methods = [
-        Method("hr_spark", f"HorovodRunner(np={NUM_PROC})", hr_run(NUM_PROC)),
-        Method("hvd_spark", "horovod.spark.run", hvd_spark_run()),
-        Method("floor", "floor (2 bare procs)", floor),
-        Method("hr_local", f"HorovodRunner(np=-{NUM_PROC})", hr_run(-NUM_PROC)),
+        rounds.Method("hr_spark", f"HorovodRunner(np={NUM_PROC})", hr_run(NUM_PROC)),
+        rounds.Method("hvd_spark", "horovod.spark.run", hvd_spark_run()),
+        rounds.Method("floor", "floor (2 bare procs)", floor),
+        rounds.Method("hr_local", f"HorovodRunner(np=-{NUM_PROC})", hr_run(-NUM_PROC)),
     ]
     try:
-        run_rounds(methods, args.repeats)
+        rounds.run_rounds(methods, args.repeats)
     finally:
         floor.close()
         spark.stop()
-    figures = summarize(methods)
+    figures = rounds.launch_figures(methods, RATIOS, DIGITS)
     figures["repeats"] = args.repeats
     print(format_table(figures, args.repeats))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
-            out.write("\n")
+    rounds.write_json(args.json, figures)
     return 0
 
 

@@ -23,8 +23,6 @@ import sys
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -40,6 +38,7 @@ from airflow_provider_hvd.runner.driver.channel import rank_log  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from peaks import Peaks  # noqa: E402
+from rounds import benchmark_parser, local_spark, write_json  # noqa: E402
 
 RANKS = 2
 _PROCESS = psutil.Process()
@@ -147,18 +146,29 @@ def floor(lines: int, log_path: str) -> Result:
     )
 
 
+def format_table(results: list[Result], lines: int) -> str:
+    """The methods side by side, the floor last, and each other's rate over the floor's."""
+    rows = [
+        f"rank-log relay: {RANKS} ranks x {lines:,} lines, verbosity 'all', lines written to a log file",
+        f"{'method':38} {'seconds':>8} {'lines/s':>10} {'dropped':>8} {'lost':>5} {'RSS +MB':>8}",
+    ]
+    for r in results:
+        rows.append(
+            f"{r.method:38} {r.seconds:8.1f} {r.lines_per_s:10,.0f} {r.dropped:8,} {r.lost:5,} {r.rss_growth_mb:8.1f}"
+        )
+    floor_rate = results[-1].lines_per_s
+    rows += [f"{r.method}: {r.lines_per_s / floor_rate:.2f}x the floor's rate" for r in results[:-1]]
+    return "\n".join(rows)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--lines", type=int, default=1_000_000, help="lines printed by each rank")
-    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     logging.getLogger("airflow_provider_hvd").setLevel(logging.WARNING)
     rank_log.setLevel(logging.INFO)
 
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark(2)
     HorovodRunner(np=2).run(flood, lines=10)  # warm the Python workers
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,18 +180,8 @@ def main() -> None:
             results.append(measure(os.path.join(tmp, f"{name}.log")))
     spark.stop()
 
-    print(f"\nrank-log relay: {RANKS} ranks x {args.lines:,} lines, verbosity 'all', lines written to a log file")
-    print(f"{'method':38} {'seconds':>8} {'lines/s':>10} {'dropped':>8} {'lost':>5} {'RSS +MB':>8}")
-    for r in results:
-        print(
-            f"{r.method:38} {r.seconds:8.1f} {r.lines_per_s:10,.0f} {r.dropped:8,} {r.lost:5,} {r.rss_growth_mb:8.1f}"
-        )
-    floor_rate = results[-1].lines_per_s
-    for r in results[:-1]:
-        print(f"{r.method}: {r.lines_per_s / floor_rate:.2f}x the floor's rate")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump([{**asdict(r), "lines_per_s": r.lines_per_s} for r in results], out, indent=2)
+    print(f"\n{format_table(results, args.lines)}")
+    write_json(args.json, [{**asdict(r), "lines_per_s": r.lines_per_s} for r in results])
 
 
 if __name__ == "__main__":

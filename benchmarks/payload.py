@@ -33,12 +33,9 @@ import sys
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import re  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -52,9 +49,11 @@ import psutil  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from peaks import Peaks  # noqa: E402
+from rounds import benchmark_parser, markdown_table, median, quiet_logging, shown, write_json  # noqa: E402
 from spark_cluster import StandaloneCluster  # noqa: E402
 
 MB = 1_000_000
+DIGITS = 2  # the medians' decimals
 
 
 def job(blob: bytes) -> list[tuple[int, str]]:
@@ -221,7 +220,7 @@ def measure_cluster(
                         "np": np,
                         "size_mb": size_mb,
                         "method": method,
-                        **{key: _median([r[key] for r in results]) for key in results[0]},
+                        **{key: median([r[key] for r in results], DIGITS) for key in results[0]},
                         "runs": results,
                     }
                 )
@@ -230,11 +229,6 @@ def measure_cluster(
         traffic.close()
         spark.stop()
     return rows
-
-
-def _median(values: list[Any]) -> Any:
-    numbers = [v for v in values if v is not None]
-    return round(statistics.median(numbers), 2) if numbers else None
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -248,32 +242,28 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "driver Python RSS +MB",
         "driver JVM RSS +MB",
     )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        times = "n/a" if r["sent_x"] is None else f"{r['sent_x']:.2f}×"
-        cells = (
+    cells = (
+        (
             f"np={r['np']} {r['cluster']}",
             f"{r['size_mb']} MB",
             r["method"],
             f"{r['seconds']:.2f}",
             f"{r['sent_mb']:.1f}",
-            times,
+            shown(r["sent_x"], unit="×"),
             f"{r['python_rss_mb']:.0f}",
             f"{r['jvm_rss_mb']:.0f}",
         )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        for r in rows
+    )
+    return markdown_table(head, cells)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = benchmark_parser(__doc__, repeats=3, what="rounds per size, after a warm-up")
     parser.add_argument("--sizes", type=int, nargs="+", default=[0, 20, 200], help="argument sizes in MB")
     parser.add_argument("--clusters", nargs="+", default=["local", "standalone"], choices=["local", "standalone"])
-    parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("airflow_provider_hvd").setLevel(logging.ERROR)  # the size warnings are expected here
+    quiet_logging(logging.ERROR)  # the size warnings are expected here
     rows = []
     if "local" in args.clusters:
         rows += measure_cluster("local[2]", "local[2]", 2, {}, args.sizes, args.repeats)
@@ -287,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.stop()
     print(f"big arguments ({args.repeats} rounds after a warm-up; medians)")
     print(format_table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

@@ -17,9 +17,7 @@ import sys
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-import argparse  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,6 +27,7 @@ from airflow_provider_hvd import HorovodRunner  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from peaks import Peaks  # noqa: E402
+from rounds import benchmark_parser, local_spark, write_json  # noqa: E402
 
 _PROCESS = psutil.Process()
 
@@ -58,28 +57,30 @@ def measure(size: int, kind: str) -> dict[str, float]:
     return {"seconds": seconds, "growth_mib": growth / 2**20, "times_result": growth / size}
 
 
+def format_report(figures: dict[str, dict[str, float]], mib: int) -> str:
+    """Per kind of result, the driver's growth in MiB and as a multiple of the result."""
+    lines = [f"result of {mib} MiB, HorovodRunner(np=2) on local[2]: driver Python RSS growth"]
+    lines += [
+        f"  {kind:6} {figure['growth_mib']:8.0f} MiB  = {figure['times_result']:.2f}x the result"
+        f"  ({figure['seconds']:.1f}s)"
+        for kind, figure in figures.items()
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--kinds", default="bytes,numpy")
-    parser.add_argument("--json", help="write the figures here too")
     options = parser.parse_args()
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    spark = local_spark(2)
     try:
         HorovodRunner(np=2).run(big_result, size=1, kind="bytes")  # warm: the Python workers, the imports
         figures = {kind: measure(options.mib << 20, kind) for kind in options.kinds.split(",")}
     finally:
         spark.stop()
-    print(f"result of {options.mib} MiB, HorovodRunner(np=2) on local[2]: driver Python RSS growth")
-    for kind, figure in figures.items():
-        print(
-            f"  {kind:6} {figure['growth_mib']:8.0f} MiB  = {figure['times_result']:.2f}x the result"
-            f"  ({figure['seconds']:.1f}s)"
-        )
-    if options.json:
-        Path(options.json).write_text(json.dumps({"mib": options.mib, **figures}, indent=2))
+    print(format_report(figures, options.mib))
+    write_json(options.json, {"mib": options.mib, **figures})
 
 
 if __name__ == "__main__":

@@ -30,11 +30,8 @@ Run it from the repository root::
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
-import statistics
 import sys
 import threading
 import time
@@ -46,6 +43,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from peaks import Peaks
+from rounds import benchmark_parser, markdown_table, median, quiet_logging, shown, write_json
 from simulated_agents import Run, Scenario, drive
 from standin_status import StandInJob, standin_launcher
 
@@ -92,17 +90,12 @@ def measure(agents: int, fail: bool, spread_s: float) -> dict[str, Any]:
     return figures
 
 
-def _median(values: list[Any]) -> Any:
-    numbers = [v for v in values if v is not None]
-    return round(statistics.median(numbers), 3) if len(numbers) == len(values) and numbers else None
-
-
 _WORST = ("threads", "rss_mb")  # the highest over the rounds, not the median
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     numeric = [k for k, v in rounds[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    summary = {k: max(r[k] for r in rounds) if k in _WORST else _median([r[k] for r in rounds]) for k in numeric}
+    summary = {k: max(r[k] for r in rounds) if k in _WORST else median([r[k] for r in rounds], 3) for k in numeric}
     for key in rounds[0]:
         if isinstance(rounds[0][key], bool):
             summary[key] = all(r[key] for r in rounds)
@@ -180,14 +173,12 @@ def spark_calls_per_second(ranks: int, seconds: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__, repeats=3, what="rounds per size")
     parser.add_argument("--agents", type=int, nargs="*", default=[100, 1000], help="none: only the py4j figures")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--spread", type=float, default=0.0, help="agents connect over this many seconds")
-    parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--py4j-seconds", type=float, default=6.0, help="how long to count py4j calls (0: skip)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_logging()
     logging.getLogger("airflow_provider_hvd.ranks").propagate = False  # counted, not printed
     figures: dict[str, Any] = {"spread_s": args.spread, "sizes": {}}
     for agents in args.agents:
@@ -207,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             "supervisor's py4j calls per second while the ranks run: "
             + ", ".join(f"{k}: {v}" for k, v in figures["py4j_calls_per_s"].items())
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    write_json(args.json, figures)
     return 0
 
 
@@ -223,7 +213,7 @@ def format_table(figures: dict[str, Any]) -> str:
         "driver threads",
         "driver RSS growth MB",
     )
-    rows = [head]
+    rows = []
     for agents, size in figures["sizes"].items():
         ok, fail = size["ok"], size["fail"]
         rows.append(
@@ -231,24 +221,19 @@ def format_table(figures: dict[str, Any]) -> str:
                 f"{agents:,}",
                 str(ok["all_started"] and fail["all_started"]),
                 str(ok["lines_in_order"] and fail["lines_in_order"]),
-                _fmt(ok["started_s"]),
-                _fmt(fail["abort_s"]),
-                _fmt(fail["raised_s"]),
+                shown(ok["started_s"], 3),
+                shown(fail["abort_s"], 3),
+                shown(fail["raised_s"], 3),
                 f"+{max(ok['threads'] or 0, fail['threads'] or 0):.0f}",
-                _fmt(max(ok["rss_mb"], fail["rss_mb"]), 1),
+                shown(max(ok["rss_mb"], fail["rss_mb"]), 1),
             )
         )
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "---|" * len(head))
     goals = (
         f"goal at 1,000: started ≤ {GOALS['started_s']} s, aborted ≤ {GOALS['abort_s']} s, "
         f"RSS < {GOALS['rss_mb']:.0f} MB"
     )
-    return "\n".join([f"driver at scale (medians; agents connect over {figures['spread_s']} s)", *lines, goals])
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+    title = f"driver at scale (medians; agents connect over {figures['spread_s']} s)"
+    return "\n".join([title, markdown_table(head, rows), goals])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ os.environ["OMP_NUM_THREADS"] = "1"  # torchrun's default for several processes:
 import argparse  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
-import logging  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -45,10 +44,11 @@ from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from pyspark.sql import SparkSession  # noqa: E402
-from rounds import Method, run_rounds  # noqa: E402
+import rounds  # noqa: E402
 
 NUM_PROC = 2
+RATIOS = (("ours", "pyspark"), ("ours", "floor"), ("pyspark", "floor"))  # medians compared (where both ran)
+DIGITS = 3  # the seconds' decimals in the JSON
 FAILURE_MESSAGE = "rank 1 cannot read shard 7 of the training data"
 
 
@@ -154,24 +154,6 @@ class Torchrun:
 # --- the three measurements ----------------------------------------------------------------------
 
 
-def launch_figures(methods: list[Method]) -> dict[str, Any]:
-    figures: dict[str, Any] = {"methods": {}, "ratios": {}}
-    for m in methods:
-        ok = m.times and m.error is None
-        figures["methods"][m.name] = {
-            "label": m.label,
-            "times_s": [round(t, 3) for t in m.times],
-            "median_s": round(statistics.median(m.times), 3) if ok else None,
-            "min_s": round(min(m.times), 3) if ok else None,
-            "error": m.error,
-        }
-    by_name = figures["methods"]
-    for num, den in (("ours", "pyspark"), ("ours", "floor"), ("pyspark", "floor")):
-        a, b = (by_name.get(name, {}).get("median_s") for name in (num, den))
-        figures["ratios"][f"{num}/{den}"] = round(a / b, 2) if a and b else None
-    return figures
-
-
 def training_figures(runners: dict[str, Callable[[int], Any]], steps: int, repeats: int) -> dict[str, Any]:
     """Steps per second of the training loop (median and best of ``repeats`` rounds, interleaved round-robin
     so that the machine's load hits every method alike), and each one's over torchrun's."""
@@ -235,14 +217,14 @@ def format_report(figures: dict[str, Any]) -> str:
     launch = figures["launch"]
     lines = [f"launch of a trivial {NUM_PROC}-process DDP job, {figures['repeats']} repeats (after 1 warm-up each)"]
     for info in launch["methods"].values():
-        shown = f"{info['median_s']:.2f} s median, {info['min_s']:.2f} s min" if info["median_s"] else info["error"]
-        lines.append(f"  {info['label']:<58} {shown}")
-    lines += [f"  {name}: {'n/a' if r is None else f'{r:.2f}x'}" for name, r in launch["ratios"].items()]
+        text = f"{info['median_s']:.2f} s median, {info['min_s']:.2f} s min" if info["median_s"] else info["error"]
+        lines.append(f"  {info['label']:<58} {text}")
+    lines += [f"  {name}: {rounds.shown(r, unit='x')}" for name, r in launch["ratios"].items()]
     training = figures["training"]
     lines.append(f"training: the same DDP MLP, {training['steps']} steps, loop timed in rank 0")
     for name, info in training["methods"].items():
-        shown = f"{info['steps_per_s']} steps/s median, {info['best_steps_per_s']} best" if "error" not in info else ""
-        lines.append(f"  {name:<10} {shown}{info.get('error', '')}")
+        text = f"{info['steps_per_s']} steps/s median, {info['best_steps_per_s']} best" if "error" not in info else ""
+        lines.append(f"  {name:<10} {text}{info.get('error', '')}")
     lines += [f"  {k}: {v:.3f}x" for k, v in training.items() if "/torchrun" in k]
     lines.append("a failing rank (rank 1 raises while rank 0 is in all_reduce)")
     for name, info in figures["failure"].items():
@@ -251,26 +233,21 @@ def format_report(figures: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=4, help="timed launches per method (default 4)")
-    parser.add_argument("--steps", type=int, default=1000, help="training steps of the MLP (default 1000)")
-    parser.add_argument("--train-repeats", type=int, default=3, help="training runs per method (default 3)")
+    parser = rounds.benchmark_parser(__doc__, repeats=4)
+    parser.add_argument(
+        "--steps", type=rounds.at_least_one, default=1000, help="training steps of the MLP (default 1000)"
+    )
+    parser.add_argument(
+        "--train-repeats", type=rounds.at_least_one, default=3, help="training runs per method (default 3)"
+    )
     parser.add_argument("--skip", action="append", default=[], choices=["ours", "pyspark", "floor"], help="leave out")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
-    args = parser.parse_args(argv)
-    if min(args.repeats, args.steps, args.train_repeats) < 1:
-        parser.error("--repeats, --steps and --train-repeats must be at least 1")
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("airflow_provider_hvd").setLevel(logging.WARNING)
-    spark = (
-        SparkSession.builder.master(f"local[{NUM_PROC}]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    rounds.quiet_logging()
+    spark = rounds.local_spark(NUM_PROC)
     with tempfile.TemporaryDirectory(prefix="torch-launch-") as workdir:
         torchrun = Torchrun(Path(workdir))
         launchers = {
@@ -285,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
             return (lambda: torchrun.run("trivial")) if run is None else (lambda: run(trivial))
 
         try:
-            methods = [Method(name, label, launcher(name)) for name, (label, _) in chosen.items()]
-            run_rounds(methods, args.repeats, "launch round")
-            figures: dict[str, Any] = {"repeats": args.repeats, "launch": launch_figures(methods)}
+            methods = [rounds.Method(name, label, launcher(name)) for name, (label, _) in chosen.items()]
+            rounds.run_rounds(methods, args.repeats, "launch round")
+            figures: dict[str, Any] = {
+                "repeats": args.repeats,
+                "launch": rounds.launch_figures(methods, RATIOS, DIGITS),
+            }
             trainers: dict[str, Callable[[int], Any]] = {"torchrun": lambda n: torchrun.run("train_mlp", n)}
             trainers.update({name: (lambda n, r=run: r(train_mlp, n)) for name, (_, run) in chosen.items() if run})
             if "ours" in chosen:  # the same on this host without Spark: what the Spark side costs, if anything
@@ -299,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spark.stop()
     print(format_report(figures))
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    rounds.write_json(args.json, figures)
     return 0
 
 
