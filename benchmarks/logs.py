@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 import psutil  # noqa: E402
 
 from airflow_provider_hvd import HorovodRunner  # noqa: E402
-from airflow_provider_hvd.runner.driver.channel import rank_log  # noqa: E402
+from airflow_provider_hvd.runner.driver.watch.channel import rank_log  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from peaks import Peaks  # noqa: E402

@@ -29,9 +29,9 @@ from typing import Any
 from rank_lines import lines_of
 
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
-from airflow_provider_hvd.runner.driver.address import LOOPBACK_DRIVER
-from airflow_provider_hvd.runner.driver.outcome import LaunchFailed
-from airflow_provider_hvd.runner.driver.supervisor import Supervisor
+from airflow_provider_hvd.runner.driver.launch.address import LOOPBACK_DRIVER
+from airflow_provider_hvd.runner.driver.verdict.outcome import LaunchFailed
+from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
 from airflow_provider_hvd.runner.shared.messages import (
     Abort,
     AgentAlive,

@@ -164,7 +164,7 @@ class StandInSparkContext:
 
 def standin_launcher(job: StandInJob) -> tuple[Any, StandInSparkContext]:
     """A SparkLauncher of ``job.tasks`` ranks on the stand-in, as if its barrier job were running."""
-    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+    from airflow_provider_hvd.runner.driver.launch.spark.barrier import SparkLauncher
 
     sc = StandInSparkContext(job)
     launcher = SparkLauncher(SimpleNamespace(sparkContext=sc), job.tasks)  # type: ignore[arg-type]

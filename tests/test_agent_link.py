@@ -19,9 +19,9 @@ from test_channel_tls import ProxiedLauncher, RecordingProxy, relayed
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
 from airflow_provider_hvd.runner.agent.liveness import DriverWatch
-from airflow_provider_hvd.runner.driver.local_launch import LocalLauncher
-from airflow_provider_hvd.runner.driver.progress import RunProgress
-from airflow_provider_hvd.runner.driver.supervisor import Supervisor
+from airflow_provider_hvd.runner.driver.launch.local import LocalLauncher
+from airflow_provider_hvd.runner.driver.tracking.progress import RunProgress
+from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
 from airflow_provider_hvd.runner.shared.liveness import Liveness
 from airflow_provider_hvd.runner.shared.messages import DriverAlive, frame
 from airflow_provider_hvd.runner.shared.payload import dumps_job

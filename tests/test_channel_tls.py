@@ -21,10 +21,10 @@ from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import HorovodRunner, LaunchError
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
-from airflow_provider_hvd.runner.driver import encryption
-from airflow_provider_hvd.runner.driver.channel import DriverChannel
-from airflow_provider_hvd.runner.driver.local_launch import LocalLauncher
-from airflow_provider_hvd.runner.driver.supervisor import Supervisor
+from airflow_provider_hvd.runner.driver.launch.local import LocalLauncher
+from airflow_provider_hvd.runner.driver.launch.spark import encryption
+from airflow_provider_hvd.runner.driver.watch.channel import DriverChannel
+from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
 from airflow_provider_hvd.runner.shared.liveness import Liveness
 from airflow_provider_hvd.runner.shared.payload import dumps_job
 from airflow_provider_hvd.runner.shared.tls import RunCertificate
@@ -113,7 +113,7 @@ def test_a_torch_distributed_run_that_encrypts_has_a_tls_channel_and_says_what_t
 
 
 def test_the_warning_comes_once_per_process_and_only_when_spark_encrypts(caplog, fresh_warning):
-    from airflow_provider_hvd.runner.driver.rank_kinds import HorovodKind
+    from airflow_provider_hvd.runner.driver.ranks.torch import HorovodKind
 
     encryption.warn_if_spark_encrypted({"spark.network.crypto.enabled": "false"}.get)
     assert not caplog.records

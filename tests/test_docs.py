@@ -221,7 +221,7 @@ def test_the_torch_distributor_differences_state_the_codes_defaults_and_refusals
 
     from airflow_provider_hvd import TorchDistributor
     from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
-    from airflow_provider_hvd.runner.driver.spark_cluster import existing_session
+    from airflow_provider_hvd.runner.driver.launch.spark.cluster import existing_session
 
     def no_gpu_here() -> None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

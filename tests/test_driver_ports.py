@@ -22,14 +22,14 @@ from jobs import sleep_and_record, wait_for_pids
 from spark_cluster import free_port
 
 from airflow_provider_hvd import HorovodRunner, LaunchError
-from airflow_provider_hvd.runner.driver.address import (
+from airflow_provider_hvd.runner.driver.launch.address import (
     CHANNEL,
     CHANNEL_PORT_CONF,
     LOOPBACK,
     RENDEZVOUS_PORT_CONF,
     spark_driver_address,
 )
-from airflow_provider_hvd.runner.driver.channel import DriverChannel
+from airflow_provider_hvd.runner.driver.watch.channel import DriverChannel
 
 ADVERTISED, NAT = "127.0.0.2", "127.0.0.3"
 

@@ -20,7 +20,7 @@ from conftest import make_session
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 from airflow_provider_hvd.runner.agent.kill_evidence import MemoryCgroup, memory_cgroup
-from airflow_provider_hvd.runner.driver.kills import size
+from airflow_provider_hvd.runner.driver.verdict.kills import size
 
 
 def kill_myself(rank: int, signum: int) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from airflow_provider_hvd import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from airflow_provider_hvd.runner.driver.outcome import (
+from airflow_provider_hvd.runner.driver.verdict.outcome import (
     AgentFailed,
     AgentLost,
     Cancelled,
@@ -18,7 +18,7 @@ from airflow_provider_hvd.runner.driver.outcome import (
     RunOutcome,
     StartTimedOut,
 )
-from airflow_provider_hvd.runner.driver.report import abort_reason, run_error
+from airflow_provider_hvd.runner.driver.verdict.report import abort_reason, run_error
 from airflow_provider_hvd.runner.shared.messages import Done, RemoteError
 
 SPARK_TASK_1 = "in Spark task 1 (attempt 0) on executor 10.0.0.2:41000 (10.0.0.2)"

@@ -12,7 +12,7 @@ import pytest
 from dag_runs import states, stored
 
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY, TaskStateProgress
-from airflow_provider_hvd.runner.driver.progress import MetricsHistory
+from airflow_provider_hvd.runner.driver.tracking.progress import MetricsHistory
 
 LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})
 

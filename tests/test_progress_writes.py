@@ -177,7 +177,7 @@ def test_no_write_starts_once_the_runs_end_gave_up_on_a_hung_store(monkeypatch, 
     """The checkpoint's write hangs past the run's end: the end gives up on it, and when the store answers at
     last, the metrics still due are not written after the run (they could overwrite what the task recorded
     since, e.g. the checkpoint marked finished)."""
-    from airflow_provider_hvd.runner.driver import progress
+    from airflow_provider_hvd.runner.driver.tracking import progress
     from airflow_provider_hvd.runner.shared.messages import Checkpoint, Metrics
 
     monkeypatch.setattr(progress, "FINAL_WRITE_S", 0.5)

@@ -12,7 +12,7 @@ import pytest
 from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, log_to_driver
-from airflow_provider_hvd.runner.driver.channel import rank_log
+from airflow_provider_hvd.runner.driver.watch.channel import rank_log
 
 RANKS = "airflow_provider_hvd.ranks"
 

@@ -15,8 +15,9 @@ from jobs import allreduce_sum, assert_all_gone
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
 from airflow_provider_hvd.runner.agent import rank_env
-from airflow_provider_hvd.runner.driver import channel, rendezvous
-from airflow_provider_hvd.runner.driver.spark_cluster import is_local
+from airflow_provider_hvd.runner.driver.launch.spark.cluster import is_local
+from airflow_provider_hvd.runner.driver.ranks import horovod as gloo_rendezvous
+from airflow_provider_hvd.runner.driver.watch import channel
 from airflow_provider_hvd.runner.shared import wire
 
 TESTS = Path(__file__).resolve().parent
@@ -205,14 +206,14 @@ def put(address: tuple[str, int], body: bytes, source: str = "127.0.0.1") -> int
 
 
 def test_the_rendezvous_serves_only_this_runs_hosts_within_bounds(monkeypatch):
-    monkeypatch.setattr(rendezvous, "REQUEST_TIMEOUT_S", 1.0)
-    server = rendezvous.Rendezvous("127.0.0.1")
-    server.init(rendezvous.plan_ranks(["127.0.0.1"]), hosts=["127.0.0.1"])
+    monkeypatch.setattr(gloo_rendezvous, "REQUEST_TIMEOUT_S", 1.0)
+    server = gloo_rendezvous.Rendezvous("127.0.0.1")
+    server.init(gloo_rendezvous.plan_ranks(["127.0.0.1"]), hosts=["127.0.0.1"])
     address = ("127.0.0.1", server.port)
     try:
         assert put(address, b"value") == 200
         assert put(address, b"value", source="127.0.0.2") == 0  # not a host of this run: closed unanswered
-        assert put(address, b"x" * (rendezvous.MAX_BODY_BYTES + 1)) == 413
+        assert put(address, b"x" * (gloo_rendezvous.MAX_BODY_BYTES + 1)) == 413
         slow = socket.create_connection(address)
         slow.sendall(b"PUT /global/key HTTP/1.1\r\n")  # and then nothing
         slow.settimeout(10)

@@ -13,8 +13,8 @@ import pytest
 from jobs import assert_all_gone, fail_on_rank, sleep_and_record, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
-from airflow_provider_hvd.runner.driver import channel
-from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+from airflow_provider_hvd.runner.driver.launch.spark.barrier import SparkLauncher
+from airflow_provider_hvd.runner.driver.watch import channel
 from airflow_provider_hvd.runner.errors import HorovodRunnerError
 
 
@@ -141,10 +141,11 @@ def test_a_job_whose_tasks_outlive_its_cancel_is_named_and_keeps_its_broadcast(
     its rank). Before: no word of the job left running, and the job's broadcast destroyed under its tasks."""
     from pyspark import SparkContext
 
-    from airflow_provider_hvd.runner.driver import spark_launch, supervisor
+    from airflow_provider_hvd.runner.driver.launch.spark import barrier
+    from airflow_provider_hvd.runner.driver.watch import supervisor
 
     monkeypatch.setattr(supervisor, "ABORT_WAIT_S", 0.0)
-    monkeypatch.setattr(spark_launch, "_JOB_END_WAIT_S", 0.5)
+    monkeypatch.setattr(barrier, "_JOB_END_WAIT_S", 0.5)
     broadcasts = []
     broadcast = SparkContext.broadcast
 

@@ -14,7 +14,7 @@ from conftest import make_session
 from jobs import allreduce_sum
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RunCancelledError
-from airflow_provider_hvd.runner.driver import slots, spark_cluster
+from airflow_provider_hvd.runner.driver.launch.spark import capacity, cluster
 
 # Another Spark application that takes both cores of the cluster until its stdin closes.
 HOLDER = """
@@ -68,7 +68,7 @@ def busy_session(standalone_cluster, holder):
 
 @pytest.fixture
 def quick_reports(monkeypatch, caplog):
-    monkeypatch.setattr(slots, "REPORT_EVERY_S", 1.0)
+    monkeypatch.setattr(capacity, "REPORT_EVERY_S", 1.0)
     caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
     return caplog
 
@@ -96,16 +96,16 @@ def test_standalone_capacity(conf, slots_at_most):
             {"state": "DEAD", "cores": 8, "memory": 65536},
         ]
     }
-    assert slots.standalone_capacity(state, conf) == slots_at_most
+    assert capacity.standalone_capacity(state, conf) == slots_at_most
 
 
 def test_master_urls():
-    assert spark_cluster.standalone_masters("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
-    assert spark_cluster.standalone_masters("spark://[::1]:7077") == [("::1", 7077)]
-    assert spark_cluster.standalone_masters("local[2]") == []
+    assert cluster.standalone_masters("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
+    assert cluster.standalone_masters("spark://[::1]:7077") == [("::1", 7077)]
+    assert cluster.standalone_masters("local[2]") == []
     for bad in ("spark://127.0.0.1", "spark://h:7077:7077"):  # no port; a port in the host and the Port field
         with pytest.raises(ValueError, match="needs a host and a port"):
-            spark_cluster.standalone_masters(bad)
+            cluster.standalone_masters(bad)
 
 
 @pytest.mark.parametrize("bad", [-1, "600", float("nan"), True])
@@ -181,9 +181,9 @@ def test_slots_held_by_the_applications_own_jobs_are_waited_for(busy_session, ho
     holder.stdin.close()  # the other application leaves, if an earlier test has not made it leave
     sc = busy_session.sparkContext
     deadline = time.monotonic() + 120
-    while slots.slots_now(sc) < 2 and time.monotonic() < deadline:  # its executors come as the holder leaves
+    while capacity.slots_now(sc) < 2 and time.monotonic() < deadline:  # its executors come as the holder leaves
         time.sleep(0.2)
-    assert slots.slots_now(sc) == 2
+    assert capacity.slots_now(sc) == 2
     held, started = tmp_path / "held", tmp_path / "started"
     held.touch()
     started.mkdir()
@@ -220,8 +220,8 @@ def test_a_wait_on_a_master_whose_ui_does_not_answer_says_the_total_is_unknown_a
 ):
     """Before: "the application has 0 (2s waited, up to 2s)", never saying why a job that cannot fit waits."""
     conf = busy_session.sparkContext._conf  # the running SparkContext's own settings
-    right = conf.get(spark_cluster.MASTER_WEB_UI_CONF)
-    conf.set(spark_cluster.MASTER_WEB_UI_CONF, "http://127.0.0.1:9")  # as a wrong URL would: nothing answers there
+    right = conf.get(cluster.MASTER_WEB_UI_CONF)
+    conf.set(cluster.MASTER_WEB_UI_CONF, "http://127.0.0.1:9")  # as a wrong URL would: nothing answers there
     try:
         with pytest.raises(
             LaunchError,
@@ -230,7 +230,7 @@ def test_a_wait_on_a_master_whose_ui_does_not_answer_says_the_total_is_unknown_a
         ):
             HorovodRunner(np=3, slot_wait_timeout=2).run(allreduce_sum)
     finally:
-        conf.set(spark_cluster.MASTER_WEB_UI_CONF, right)
+        conf.set(cluster.MASTER_WEB_UI_CONF, right)
     assert "the cluster's total is unknown" in waits(quick_reports)[0]
     assert "spark.horovodRunner.masterWebUiUrl" in waits(quick_reports)[0]
 
@@ -239,10 +239,12 @@ def test_cores_and_gpus_that_limit_equally_are_both_named():
     """Before: the refusal named only spark.task.cpus."""
     gpu_worker = {"state": "ALIVE", "cores": 1, "memory": 2048, "resources": {"gpu": {"addresses": ["0"]}}}
     conf = {"spark.task.resource.gpu.amount": "1", "spark.executor.resource.gpu.amount": "1"}
-    message = str(slots.never_fits_error("spark://m:7077", 3, 2, conf, {"workers": [gpu_worker, gpu_worker]}))
+    message = str(capacity.never_fits_error("spark://m:7077", 3, 2, conf, {"workers": [gpu_worker, gpu_worker]}))
     assert "has 2 at most (spark.task.cpus=1). Cores and GPUs both limit it" in message
     assert "spark.task.resource.gpu.amount=1 (2 on the workers)" in message
-    gpus_only = str(slots.never_fits_error("spark://m:7077", 3, 2, conf, {"workers": [{**gpu_worker, "cores": 4}] * 2}))
+    gpus_only = str(
+        capacity.never_fits_error("spark://m:7077", 3, 2, conf, {"workers": [{**gpu_worker, "cores": 4}] * 2})
+    )
     assert "GPUs are what limits it (2 on the workers)" in gpus_only and "Cores and GPUs" not in gpus_only
 
 
@@ -251,9 +253,9 @@ def test_a_run_and_its_ui_link_fetch_the_masters_state_once(busy_session, monkey
     from airflow_provider_hvd.hooks.spark_ui import application_ui_url
 
     fetches = []
-    fetch = spark_cluster._fetch_master_state
-    monkeypatch.setattr(spark_cluster, "_fetch_master_state", lambda *args: fetches.append(args) or fetch(*args))
-    monkeypatch.setattr(spark_cluster, "_fetched", {})  # nothing kept from earlier tests
+    fetch = cluster._fetch_master_state
+    monkeypatch.setattr(cluster, "_fetch_master_state", lambda *args: fetches.append(args) or fetch(*args))
+    monkeypatch.setattr(cluster, "_fetched", {})  # nothing kept from earlier tests
     assert application_ui_url(busy_session.sparkContext)  # what the hook does before the run
     with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* has 2 at most"):
         HorovodRunner(np=3).run(allreduce_sum)

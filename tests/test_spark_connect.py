@@ -17,15 +17,15 @@ from jobs import allreduce_sum, assert_all_gone, cancel_once_running, fail_on_ra
 from test_torch_distributor import check_torchrun_contract
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
-from airflow_provider_hvd.runner.driver.address import (
+from airflow_provider_hvd.runner.driver.launch.address import (
     CHANNEL_PORT_CONF,
     CONNECT_BIND_CONF,
     CONNECT_HOST_CONF,
     connect_driver_address,
 )
-from airflow_provider_hvd.runner.driver.connect_job import MESSAGE_SIZE_CONF, job_limit, message_limit
-from airflow_provider_hvd.runner.driver.slots import jvm_mebibytes
-from airflow_provider_hvd.runner.driver.spark_cluster import active_session, is_connect
+from airflow_provider_hvd.runner.driver.launch.spark.capacity import jvm_mebibytes
+from airflow_provider_hvd.runner.driver.launch.spark.cluster import active_session, is_connect
+from airflow_provider_hvd.runner.driver.launch.spark.connect import MESSAGE_SIZE_CONF, job_limit, message_limit
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def test_the_job_limit_is_the_servers_message_limit_or_a_share_of_its_heap():
 
 
 def test_the_driver_address_set_in_the_connect_session_is_used(connect_spark):
-    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+    from airflow_provider_hvd.runner.driver.launch.spark.barrier import SparkLauncher
 
     assert SparkLauncher(connect_spark, 2).driver.advertised == "127.0.0.1"
     connect_spark.conf.set(CONNECT_HOST_CONF, "gateway.example")
@@ -271,7 +271,7 @@ def test_a_cancel_as_the_job_is_submitted_interrupts_it(connect_spark, pid_dir):
 
 
 def test_the_memory_settings_for_a_killed_ranks_evidence_are_read_as_the_launch_begins(connect_spark):
-    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+    from airflow_provider_hvd.runner.driver.launch.spark.barrier import SparkLauncher
 
     launcher = SparkLauncher(connect_spark, 2)
     connect_spark.stop()  # as a server in trouble when a rank is killed: no call to it then
@@ -283,7 +283,7 @@ def test_pyspark_still_has_the_private_client_parts_the_runner_relies_on(connect
     calls with a WARNING: the cancel and the release are no longer bounded)."""
     import pyspark
 
-    from airflow_provider_hvd.runner.driver.connect_client import PARTS, missing_parts
+    from airflow_provider_hvd.runner.driver.launch.spark.connect_client import PARTS, missing_parts
 
     missing = missing_parts(connect_spark)
     assert not missing, f"pyspark {pyspark.__version__} lacks " + "; ".join(f"{p} ({PARTS[p]})" for p in missing)
@@ -294,7 +294,7 @@ def test_a_cancel_on_a_pyspark_without_its_private_interrupt_falls_back_to_inter
 ):
     """A pyspark that renamed a part the bounded interrupt needs (removing this one's would break pyspark's own
     interruptTag, which uses it too): the cancel is pyspark's public interruptTag, with a WARNING naming it."""
-    from airflow_provider_hvd.runner.driver import connect_client
+    from airflow_provider_hvd.runner.driver.launch.spark import connect_client
 
     renamed = "SparkConnectClient._interrupt_request_of_another_version"
     monkeypatch.setitem(connect_client.PARTS, renamed, connect_client.PARTS["SparkConnectClient._interrupt_request"])
@@ -338,7 +338,7 @@ def test_an_agent_that_read_the_plan_and_joined_first_fails_the_run_before_its_r
 
     from airflow_provider_hvd.runner.agent import agent as agent_module
     from airflow_provider_hvd.runner.agent.agent import run_agent
-    from airflow_provider_hvd.runner.driver.spark_launch import SparkLauncher
+    from airflow_provider_hvd.runner.driver.launch.spark.barrier import SparkLauncher
     from airflow_provider_hvd.runner.shared.messages import Hello
     from airflow_provider_hvd.runner.shared.payload import dumps_job
 
@@ -378,9 +378,9 @@ def test_an_agent_that_read_the_plan_and_joined_first_fails_the_run_before_its_r
 def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_once(
     connect_spark, runner_log, monkeypatch
 ):
-    from airflow_provider_hvd.runner.driver import connect_job
+    from airflow_provider_hvd.runner.driver.launch.spark import connect
 
-    monkeypatch.setattr(connect_job, "_warned_readable", set())  # (an earlier test's launcher may have said it)
+    monkeypatch.setattr(connect, "_warned_readable", set())  # (an earlier test's launcher may have said it)
 
     def warnings() -> list[str]:
         return [
@@ -425,8 +425,8 @@ def test_a_busy_cluster_is_waited_for_up_to_slot_wait_timeout_over_connect(conne
 
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    from airflow_provider_hvd.runner.driver.server_ui import executor_slots, server_ui
-    from airflow_provider_hvd.runner.driver.spark_cluster import session_conf
+    from airflow_provider_hvd.runner.driver.launch.spark.cluster import session_conf
+    from airflow_provider_hvd.runner.driver.launch.spark.server_ui import executor_slots, server_ui
 
     release = tmp_path / "release"
     with connect_session(connect_standalone) as spark:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from airflow_provider_hvd.hooks.spark_ui import HISTORY_SERVER_CONF, YARN_PROXY_CONF, lasting_ui_url
-from airflow_provider_hvd.runner.driver.server_ui import PORT_RETRIES, UI_PROBE_TIMEOUT_S, server_ui_url
+from airflow_provider_hvd.runner.driver.launch.spark.server_ui import PORT_RETRIES, UI_PROBE_TIMEOUT_S, server_ui_url
 
 APP = "app-20260101000000-0007"
 YARN_APP = "application_1767225600000_0042"

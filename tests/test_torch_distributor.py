@@ -16,7 +16,7 @@ import torch_jobs
 from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import RankFailedError, RunStalledError, TorchDistributor
-from airflow_provider_hvd.runner.driver.consequences import GLOO_PEER_GONE, is_consequence_error
+from airflow_provider_hvd.runner.driver.verdict.consequences import GLOO_PEER_GONE, is_consequence_error
 from airflow_provider_hvd.runner.shared.messages import RemoteError
 
 ROOT = Path(__file__).resolve().parent.parent

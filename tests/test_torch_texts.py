@@ -20,8 +20,8 @@ from conftest import make_session
 from spark_cluster import free_port
 
 from airflow_provider_hvd import LaunchError, RankFailedError, RunCancelledError, RunStalledError, TorchDistributor
-from airflow_provider_hvd.runner.driver.address import RENDEZVOUS_PORT_CONF
-from airflow_provider_hvd.runner.driver.slots import busy_slots
+from airflow_provider_hvd.runner.driver.launch.address import RENDEZVOUS_PORT_CONF
+from airflow_provider_hvd.runner.driver.launch.spark.capacity import busy_slots
 
 RUNNER_LOG = "airflow_provider_hvd.runner"
 

@@ -29,11 +29,11 @@ from airflow_provider_hvd.hooks.spark_connect import (
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
-from airflow_provider_hvd.runner.driver.address import CONNECT_BIND_CONF, CONNECT_HOST_CONF
-from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
-from airflow_provider_hvd.runner.driver.progress import ProgressSink
-from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
-from airflow_provider_hvd.runner.driver.spark_cluster import default_executor_python, standalone_masters, summary
+from airflow_provider_hvd.runner.driver.launch.address import CONNECT_BIND_CONF, CONNECT_HOST_CONF
+from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S
+from airflow_provider_hvd.runner.driver.launch.spark.cluster import default_executor_python, standalone_masters, summary
+from airflow_provider_hvd.runner.driver.tracking.progress import ProgressSink
+from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    from airflow_provider_hvd.runner.driver.mlflow_run import MlflowSettings
+    from airflow_provider_hvd.runner.driver.tracking.mlflow_run import MlflowSettings
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
 _EXTRA_TO_CONF = {

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_hvd.runner.driver.mlflow_run import (
+from airflow_provider_hvd.runner.driver.tracking.mlflow_run import (
     MAPPING_KEYS,
     TRACKING_URI_ENV,
     MlflowSettings,

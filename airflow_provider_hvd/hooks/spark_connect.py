@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from airflow_provider_hvd.runner.driver.connect_client import bound_release
+from airflow_provider_hvd.runner.driver.launch.spark.connect_client import bound_release
 from airflow_provider_hvd.runner.errors import LaunchError
 
 if TYPE_CHECKING:

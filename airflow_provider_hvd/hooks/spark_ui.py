@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_hvd.runner.driver.server_ui import server_ui
-from airflow_provider_hvd.runner.driver.spark_cluster import session_conf, state_of, web_ui_of
+from airflow_provider_hvd.runner.driver.launch.spark.cluster import session_conf, state_of, web_ui_of
+from airflow_provider_hvd.runner.driver.launch.spark.server_ui import server_ui
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

@@ -84,7 +84,7 @@ def snapshot_budget() -> int:
     """The most a metrics snapshot may take: 60,000 bytes, less where ``max_value_storage_bytes`` is lower."""
     from airflow.configuration import conf
 
-    from airflow_provider_hvd.runner.driver.progress import SNAPSHOT_MAX_BYTES
+    from airflow_provider_hvd.runner.driver.tracking.progress import SNAPSHOT_MAX_BYTES
 
     limit = conf.getint("state_store", "max_value_storage_bytes", fallback=65535)
     return SNAPSHOT_MAX_BYTES if limit <= 0 else max(1000, min(SNAPSHOT_MAX_BYTES, limit - 500))

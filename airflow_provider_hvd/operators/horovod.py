@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import MlflowRunLink, SparkUILink, TrainingJobOperator
-from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S
-from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S
+from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S
+from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
 from airflow_provider_hvd.runner.runner import HorovodRunner
 
 __all__ = ["HorovodRunnerOperator", "MlflowRunLink", "SparkUILink"]

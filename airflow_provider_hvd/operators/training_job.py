@@ -25,9 +25,9 @@ from airflow_provider_hvd.operators.openlineage import (
     inject_setting,
     openlineage_properties,
 )
-from airflow_provider_hvd.runner.driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
-from airflow_provider_hvd.runner.driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
-from airflow_provider_hvd.runner.driver.stalls import check_stall_timeout
+from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
+from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
+from airflow_provider_hvd.runner.driver.watch.stalls import check_stall_timeout
 from airflow_provider_hvd.runner.errors import RunCancelledError
 from airflow_provider_hvd.runner.runner import check_verbosity
 

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .driver.channel import rank_log
-from .driver.encryption import spark_encrypts, warn_if_spark_encrypted
-from .driver.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
-from .driver.local_launch import LocalLauncher
-from .driver.mlflow_run import MlflowRun, MlflowSettings, import_mlflow, mlflow_settings, start_mlflow_run
-from .driver.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
-from .driver.slots import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
-from .driver.spark_cluster import active_session, session_conf
-from .driver.spark_launch import SparkLauncher
-from .driver.stalls import CodeFiles, check_stall_timeout
+from .driver.launch.local import LocalLauncher
+from .driver.launch.spark.barrier import SparkLauncher
+from .driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
+from .driver.launch.spark.cluster import active_session, session_conf
+from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
+from .driver.tracking.mlflow_run import MlflowRun, MlflowSettings, import_mlflow, mlflow_settings, start_mlflow_run
+from .driver.tracking.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
+from .driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
+from .driver.watch.channel import rank_log
+from .driver.watch.stalls import CodeFiles, check_stall_timeout
 from .errors import RunCancelledError
 from .shared.liveness import liveness_settings, warn_if_gloo_first
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
@@ -31,15 +31,15 @@ from .shared.payload import WARN_BYTES, dumps_job
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from .driver.rank_kinds import RankKind
-    from .driver.supervisor import Launcher, Supervisor
+    from .driver.ranks.torch import RankKind
+    from .driver.watch.supervisor import Launcher, Supervisor
 
 VERBOSITIES = ("all", "log_callback_only")
 
 
 def _supervisor_class() -> type[Supervisor]:
     """The driver's supervisor, imported when a run starts (not when the runner is)."""
-    from .driver.supervisor import Supervisor
+    from .driver.watch.supervisor import Supervisor
 
     return Supervisor
 
@@ -87,7 +87,7 @@ class _Run:
 
 class _Runner:
     """The run path that :class:`HorovodRunner` and ``TorchDistributor`` share: one supervised run of ``main``
-    on the ranks of the launcher and the rank kind each of them gives (:mod:`.driver.rank_kinds`). Each run's
+    on the ranks of the launcher and the rank kind each of them gives (:mod:`.driver.ranks`). Each run's
     texts name the runner and its parameters as its ``naming`` spells them (:mod:`.shared.naming`)."""
 
     naming: RunnerNaming
@@ -337,7 +337,7 @@ class HorovodRunner(_Runner):
         return self._run_job(main, args, kwargs)
 
     def _rank_kind(self) -> RankKind:
-        from .driver.rank_kinds import HorovodKind
+        from .driver.ranks.torch import HorovodKind
 
         return HorovodKind()  # LaunchError when Horovod is not installed
 

@@ -15,13 +15,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .driver.exits import DEFAULT_EXIT_TIMEOUT_S
-from .driver.local_launch import LocalLauncher
-from .driver.mlflow_run import MlflowSettings
-from .driver.progress import ProgressSink
-from .driver.slots import DEFAULT_SLOT_WAIT_S, TASK_GPUS
-from .driver.spark_cluster import existing_session, is_connect, session_conf
-from .driver.spark_launch import SparkLauncher
+from .driver.launch.local import LocalLauncher
+from .driver.launch.spark.barrier import SparkLauncher
+from .driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S, TASK_GPUS
+from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
+from .driver.tracking.mlflow_run import MlflowSettings
+from .driver.tracking.progress import ProgressSink
+from .driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
 from .errors import LaunchError
 from .rank.script import run_script
 from .runner import _Run, _Runner, check_fits
@@ -31,8 +31,8 @@ from .shared.naming import TORCH_DISTRIBUTOR
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from .driver.rank_kinds import RankKind
-    from .driver.supervisor import Launcher
+    from .driver.ranks.torch import RankKind
+    from .driver.watch.supervisor import Launcher
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -157,7 +157,7 @@ class TorchDistributor(_Runner):
         return self._run_job(train_object, args, kwargs)
 
     def _rank_kind(self) -> RankKind:
-        from .driver.rank_kinds import TorchKind
+        from .driver.ranks.torch import TorchKind
 
         return TorchKind()
 
@@ -181,7 +181,7 @@ class TorchDistributor(_Runner):
             use_gpus=self.use_gpu,
             naming=self.naming,
         )
-        from .driver.encryption import spark_encrypts
+        from .driver.launch.spark.encryption import spark_encrypts
 
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own
 

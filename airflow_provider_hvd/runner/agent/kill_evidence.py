@@ -7,7 +7,7 @@ after it ended: the OOM kill counter of its memory cgroup (cgroup v2 ``memory.ev
 (``/proc/vmstat``); after: the cgroup's memory limit (the smallest of it and its parents) and peak, the
 kernel log's lines since the rank started that name its pid (``/dev/kmsg``, when readable), and the
 address-space limit the rank inherited (``spark.executor.pyspark.memory`` sets one). The driver adds the
-Spark settings and says what it makes of it all (:mod:`..driver.kills`).
+Spark settings and says what it makes of it all (:mod:`..driver.verdict.kills`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Progress as data, in the rank process: :func:`log_metrics`, :func:`report_checkpoint`, :func:`last_checkpoint`.
 
 Metrics and checkpoints travel on the control pipe to the agent, which relays them to the driver; the driver
-keeps a bounded history and the last checkpoint (:mod:`..driver.progress`). The checkpoint a run resumes from
+keeps a bounded history and the last checkpoint (:mod:`..driver.tracking.progress`). The checkpoint a run resumes from
 reaches every rank in its environment (``HVD_RUNNER_LAST_CHECKPOINT``, JSON), set by the driver.
 """
 

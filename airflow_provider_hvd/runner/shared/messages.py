@@ -243,7 +243,7 @@ class DriverAlive(Message):
     KIND: ClassVar[Kind] = Kind.DRIVER_ALIVE
 
 
-# stalls and killed ranks (agent/stacks.py, driver/stalls.py)
+# stalls and killed ranks (agent/stacks.py, driver/watch/stalls.py)
 
 
 @dataclass(frozen=True)

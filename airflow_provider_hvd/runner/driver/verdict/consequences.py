@@ -11,7 +11,7 @@ words are checked whatever the run's kind: neither is ever a real cause in the o
 
 from __future__ import annotations
 
-from ..shared.messages import Done, RemoteError
+from ...shared.messages import Done, RemoteError
 
 SHUTDOWN_ERRORS = frozenset({"HorovodInternalError"})  # the exception types Horovod raises once it shut down
 # torch.distributed's exception types when a peer is gone, a collective or the store timed out

@@ -3,11 +3,11 @@
 The clock runs on what the ranks do. Each agent watches its rank: every line of output (whatever the
 verbosity, except Horovod's own stall warning) and every message on its control pipe (``log_to_driver``,
 reported metrics and checkpoints, its result) counts; while there is any, it sends a bare
-:class:`~..shared.messages.RankState` every so often (:mod:`..agent.activity`), which sets its connection's
+:class:`...shared.messages.RankState` every so often (:mod:`...agent.activity`), which sets its connection's
 ``last_active`` (and starting the rank does). When no running rank has been
 active for ``stall_timeout`` seconds, the driver asks every running rank for its Python stacks
-(:class:`~..shared.messages.DumpStacks`), waits for the answers (at most :data:`STACKS_WAIT_S`), and the run
-ends with :class:`~..errors.RunStalledError`, naming each rank and where it was.
+(:class:`...shared.messages.DumpStacks`), waits for the answers (at most :data:`STACKS_WAIT_S`), and the run
+ends with :class:`~...errors.RunStalledError`, naming each rank and where it was.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ..errors import RunStalledError
-from ..shared.naming import HOROVOD_RUNNER
-from ..shared.timing import STACKS_WAIT_S
+from ...errors import RunStalledError
+from ...shared.naming import HOROVOD_RUNNER
+from ...shared.timing import STACKS_WAIT_S
 
 if TYPE_CHECKING:
     from .channel import AgentConnection

@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from types import ModuleType, TracebackType
 from typing import Any
 
-from ..errors import RunCancelledError
-from ..shared.messages import Checkpoint, Message, Metrics
-from ..shared.timing import FINAL_WRITE_S
+from ...errors import RunCancelledError
+from ...shared.messages import Checkpoint, Message, Metrics
+from ...shared.timing import FINAL_WRITE_S
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 

@@ -9,19 +9,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..agent.agent import AgentArgs
-from ..shared.gpus import GPU, visible_gpus
-from ..shared.liveness import Liveness
-from ..shared.messages import AgentFailed as AgentFailedMessage
-from ..shared.messages import Done, Hello, Message, Returned, Start, unpickle
-from ..shared.naming import RunnerNaming
-from ..shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
-from ..shared.tls import RunCertificate
-from ..shared.wire import new_secret
-from .address import CHANNEL, DriverAddress
-from .channel import AgentConnection, ChannelEvent, DriverChannel
-from .exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
-from .outcome import (
+from ...agent.agent import AgentArgs
+from ...shared.gpus import GPU, visible_gpus
+from ...shared.liveness import Liveness
+from ...shared.messages import AgentFailed as AgentFailedMessage
+from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
+from ...shared.naming import RunnerNaming
+from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
+from ...shared.tls import RunCertificate
+from ...shared.wire import new_secret
+from ..launch.address import CHANNEL, DriverAddress
+from ..ranks.torch import HorovodKind, RankKind, Slot
+from ..tracking.progress import RunProgress
+from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
+from ..verdict.outcome import (
     AgentFailed,
     AgentLost,
     Cancelled,
@@ -34,9 +35,8 @@ from .outcome import (
     RunOutcome,
     StartTimedOut,
 )
-from .progress import RunProgress
-from .rank_kinds import HorovodKind, RankKind, Slot
-from .report import abort_reason, describe_exit, lost_after_return, run_error
+from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
+from .channel import AgentConnection, ChannelEvent, DriverChannel
 from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, where_ranks_were
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -45,7 +45,7 @@ _POLL_S = 0.2
 
 
 class Launcher(Protocol):
-    """A way to start one agent per rank (:mod:`.local_launch`, :mod:`.spark_launch`)."""
+    """A way to start one agent per rank (:mod:`..launch.local`, :mod:`..launch.spark.barrier`)."""
 
     driver: DriverAddress  # where the channel and the rendezvous listen, and the address the agents are told
     size: int
@@ -65,7 +65,7 @@ class Launcher(Protocol):
 
 
 class Tracking(Protocol):
-    """An experiment tracker's run beside the ranks (:mod:`.mlflow_run`)."""
+    """An experiment tracker's run beside the ranks (:mod:`..tracking.mlflow_run`)."""
 
     def rank_env(self, rank: int) -> dict[str, str]: ...
     def take(self, rank: int | None, message: Message) -> None:
@@ -423,7 +423,7 @@ class Supervisor:
         log.info("%s: %d ranks started (%s)", self._runner, self.size, self.launcher.describe())
 
     def _visible_gpus(self, plan: Sequence[Slot]) -> list[list[str] | None]:
-        """The GPUs each agent's rank sees, from those given to the ranks on its host (:mod:`.gpus`)."""
+        """The GPUs each agent's rank sees, from those given to the ranks on its host (:mod:`...shared.gpus`)."""
         by_host: dict[str, list[int]] = {}
         for agent, slot in sorted(enumerate(plan), key=lambda pair: pair[1].local_rank):
             by_host.setdefault(slot.hostname, []).append(agent)

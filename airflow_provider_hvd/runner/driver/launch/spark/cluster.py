@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..shared.naming import HOROVOD_RUNNER
+from ....shared.naming import HOROVOD_RUNNER
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

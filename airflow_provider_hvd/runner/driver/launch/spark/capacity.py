@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import LaunchError, RunCancelledError
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ....errors import LaunchError, RunCancelledError
+from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from .cluster import MASTER_WEB_UI_CONF, is_local, master_state, state_of
 from .server_ui import executor_slots, server_ui
-from .spark_cluster import MASTER_WEB_UI_CONF, is_local, master_state, state_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-from .address import address_family
+from ..launch.address import address_family
 
 MAX_BODY_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 10.0

@@ -5,7 +5,7 @@ contiguous, in agent order: a node is a host for Horovod, as in Horovod's own ho
 for torch, as in PySpark's TorchDistributor, which runs ``torchrun`` in each task) and sets each rank's
 environment: Horovod's Gloo rendezvous and ``HOROVOD_*``
 variables, or ``torchrun``'s ``env://`` contract around a ``TCPStore`` the driver serves. Their consequence
-errors (one rank's reaction to another's failure) are in :mod:`.consequences`. Only the Horovod kind
+errors (one rank's reaction to another's failure) are in :mod:`..verdict.consequences`. Only the Horovod kind
 imports Horovod, when a run of it starts.
 """
 
@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import LaunchError
-from ..shared import torch_env
-from ..shared.messages import Hello
-from .address import RENDEZVOUS, STORE, DriverAddress, address_family, listening_socket
+from ...errors import LaunchError
+from ...shared import torch_env
+from ...shared.messages import Hello
+from ..launch.address import RENDEZVOUS, STORE, DriverAddress, address_family, listening_socket
 
 if TYPE_CHECKING:
-    from .rendezvous import Rendezvous
+    from .horovod import Rendezvous
 
 HOROVOD_MISSING = (
     "HorovodRunner needs Horovod on the driver and on every executor, and it is not installed here. "
@@ -38,7 +38,7 @@ _STORE_BACKLOG = 1024
 
 class Slot(Protocol):
     """One agent's rank (the fields of Horovod's ``SlotInfo``); ``hostname`` names its node (GPUs are shared
-    by the ranks of a node, :mod:`..shared.gpus`)."""
+    by the ranks of a node, :mod:`...shared.gpus`)."""
 
     hostname: str
     rank: int
@@ -51,7 +51,7 @@ class Slot(Protocol):
 
 class RankKind(Protocol):
     name: str  # as the driver's log says it
-    unencrypted: str  # what travels between the ranks that the kind cannot encrypt (..encryption)
+    unencrypted: str  # what travels between the ranks that the kind cannot encrypt (..launch.spark.encryption)
 
     def open(self, driver: DriverAddress) -> str:
         """Serve the rendezvous on the driver's address; where it listens, for the log."""
@@ -106,7 +106,7 @@ class HorovodKind:
 
     def __init__(self) -> None:
         try:
-            from . import rendezvous
+            from . import horovod as rendezvous
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] == "horovod":
                 raise LaunchError(HOROVOD_MISSING) from exc
@@ -134,7 +134,7 @@ class HorovodKind:
         return plan
 
     def env(self, slot: Slot) -> dict[str, str]:
-        from ..shared.horovod_env import forwarded_settings, slot_env
+        from ...shared.horovod_env import forwarded_settings, slot_env
 
         assert self._rendezvous is not None
         return {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from ..shared.naming import HOROVOD_RUNNER
-from ..shared.timing import DEFAULT_EXIT_TIMEOUT_S as DEFAULT_EXIT_TIMEOUT_S  # (imported from here too)
+from ...shared.naming import HOROVOD_RUNNER
+from ...shared.timing import DEFAULT_EXIT_TIMEOUT_S as DEFAULT_EXIT_TIMEOUT_S  # (imported from here too)
 
 
 def check_exit_timeout(exit_timeout: float | timedelta) -> float:

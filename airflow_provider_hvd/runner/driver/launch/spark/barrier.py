@@ -7,7 +7,7 @@ of its GPUs each (as PySpark's ``TorchDistributor`` runs ``torchrun --nproc-per-
 
 On a classic session the pickled job travels as a Spark broadcast: the driver hands it to Spark once, each
 executor fetches it once (from the driver or from other executors) and the ranks on that executor read that
-local copy. What differs over Spark Connect is in :mod:`.connect_job`, behind :mod:`.spark_app`'s seam.
+local copy. What differs over Spark Connect is in :mod:`.connect`, behind :mod:`.classic`'s seam.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..agent.agent import AgentArgs, run_agent
-from ..shared.gpus import GPU
-from ..shared.messages import Hello
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
-from .outcome import LaunchFailed
-from .slots import DEFAULT_SLOT_WAIT_S
-from .spark_app import BarrierTask, spark_app
-from .spark_cluster import summary
+from ....agent.agent import AgentArgs, run_agent
+from ....shared.gpus import GPU
+from ....shared.messages import Hello
+from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ...verdict.outcome import LaunchFailed
+from .capacity import DEFAULT_SLOT_WAIT_S
+from .classic import BarrierTask, spark_app
+from .cluster import summary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

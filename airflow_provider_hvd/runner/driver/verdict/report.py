@@ -8,9 +8,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from ..errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from ..shared.messages import Done, RemoteError
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ...errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+from ...shared.messages import Done, RemoteError
+from ...shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ..watch.stalls import Stalled, stall_error
 from .consequences import is_consequence_error
 from .kills import describe_kill
 from .outcome import (
@@ -26,7 +27,6 @@ from .outcome import (
     StartTimedOut,
     is_consequence_event,
 )
-from .stalls import Stalled, stall_error
 
 OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
 AFTER_RETURN = ", after its main returned, in its exit work: atexit handlers..."

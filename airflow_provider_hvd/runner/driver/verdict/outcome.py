@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..shared.messages import Done, RemoteError
-from ..shared.timing import SETTLE_S
+from ...shared.messages import Done, RemoteError
+from ...shared.timing import SETTLE_S
+from ..watch.stalls import Stalled
 from .consequences import is_consequence
-from .stalls import Stalled
 
 
 class Phase(enum.Enum):

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import LaunchError
-from ..shared.naming import HOROVOD_RUNNER, TORCH_DISTRIBUTOR, RunnerNaming
+from ...errors import LaunchError
+from ...shared.naming import HOROVOD_RUNNER, TORCH_DISTRIBUTOR, RunnerNaming
 
 LOOPBACK = "127.0.0.1"
 CHANNEL_PORT_CONF = "spark.horovodRunner.channelPort"

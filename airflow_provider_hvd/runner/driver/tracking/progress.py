@@ -1,6 +1,6 @@
 """A run's progress on the driver: a bounded history of one rank's metrics and the last checkpoint reported.
 
-Ranks report with ``log_metrics`` and ``report_checkpoint`` (:mod:`..rank.progress`); the channel's loop hands
+Ranks report with ``log_metrics`` and ``report_checkpoint`` (:mod:`...rank.progress`); the channel's loop hands
 each report here (:meth:`RunProgress.take`). A :class:`ProgressSink` (the Airflow layer's task state store)
 gets a snapshot at most once every ``interval_s`` while the run goes on and the last one at the end
 (:meth:`RunProgress.flush`). The writes happen on their own thread, ``hvd-progress-writer``, so that a store
@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ..rank.progress import LAST_CHECKPOINT_ENV, RESERVED_INFO
-from ..shared.messages import Checkpoint, Message, Metrics
-from ..shared.naming import HOROVOD_RUNNER
-from ..shared.timing import FINAL_WRITE_S
+from ...rank.progress import LAST_CHECKPOINT_ENV, RESERVED_INFO
+from ...shared.messages import Checkpoint, Message, Metrics
+from ...shared.naming import HOROVOD_RUNNER
+from ...shared.timing import FINAL_WRITE_S
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 

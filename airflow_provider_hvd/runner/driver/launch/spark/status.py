@@ -1,4 +1,4 @@
-"""What Spark's status store says of a run's barrier job (runs in the driver, for :mod:`.spark_launch`).
+"""What Spark's status store says of a run's barrier job (runs in the driver, for :mod:`.barrier`).
 
 A poll reads the failed and killed task counters of the job's stage (a stage's, not the job's: Spark stops
 counting a job's tasks once the job has ended, and a cancelled job ends before its tasks do): the same few py4j
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .spark_cluster import summary
+from .cluster import summary
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

@@ -1,6 +1,6 @@
 """Why a rank was killed by a signal, in words (runs in the driver).
 
-The agent says which signal and, for SIGKILL, what its host showed (:mod:`..agent.kill_evidence`); the
+The agent says which signal and, for SIGKILL, what its host showed (:mod:`...agent.kill_evidence`); the
 driver adds the memory settings of the Spark application (``memory_settings``). :func:`describe_kill`
 turns that into the likely cause and the evidence for it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..shared.naming import HOROVOD_RUNNER
+from ...shared.naming import HOROVOD_RUNNER
 
 _ELSEWHERE = "the cluster manager enforcing a limit, e.g. YARN's memory check or Kubernetes' eviction, or a person"
 _CRASHES = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"}

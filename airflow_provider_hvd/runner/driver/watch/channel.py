@@ -7,11 +7,11 @@ socket and a few bytes, for at most the handshake timeout); more wait in the lis
 is done. The supervisor's few messages (Start, Abort) are written from its own thread. Closing the channel
 leaves no thread or socket behind.
 
-Liveness (:mod:`..shared.liveness`): the loop sends every proven connection a heartbeat each interval, and a
+Liveness (:mod:`...shared.liveness`): the loop sends every proven connection a heartbeat each interval, and a
 connection from which nothing (no frame, no byte) came for the heartbeat timeout is lost, ``silent_for`` set:
 its agent's host vanished, or the network to it is cut (no FIN or RST ever comes then).
 
-TLS (:mod:`..shared.tls`), when the run has a certificate: each connection's bytes pass through its session,
+TLS (:mod:`...shared.tls`), when the run has a certificate: each connection's bytes pass through its session,
 in the loop as they are read (never blocking) and in whichever thread writes (under the send lock).
 """
 
@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..shared import wire
-from ..shared.liveness import Liveness
-from ..shared.messages import (
+from ...shared import wire
+from ...shared.liveness import Liveness
+from ...shared.messages import (
     Abort,
     AgentAlive,
     AgentFailed,
@@ -52,12 +52,12 @@ from ..shared.messages import (
     decode,
     frame,
 )
-from ..shared.naming import HOROVOD_RUNNER
-from ..shared.rank_tag import RANK_LINE, RANK_TAG
-from ..shared.timing import SEND_TIMEOUT_S
-from ..shared.tls import PLAIN, Session, server_session
-from ..shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
-from .address import listening_socket
+from ...shared.naming import HOROVOD_RUNNER
+from ...shared.rank_tag import RANK_LINE, RANK_TAG
+from ...shared.timing import SEND_TIMEOUT_S
+from ...shared.tls import PLAIN, Session, server_session
+from ...shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
+from ..launch.address import listening_socket
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 rank_log = logging.getLogger("airflow_provider_hvd.ranks")

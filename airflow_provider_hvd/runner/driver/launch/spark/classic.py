@@ -1,5 +1,5 @@
-"""The Spark application a run's barrier job runs in, as :mod:`.spark_launch` sees it: a classic SparkContext
-(here) or a Spark Connect session (:mod:`.connect_job`). Only what differs between the two is behind this seam:
+"""The Spark application a run's barrier job runs in, as :mod:`.barrier` sees it: a classic SparkContext
+(here) or a Spark Connect session (:mod:`.connect`). Only what differs between the two is behind this seam:
 the conf, the driver's address, the slot count, how the job reaches the tasks, how the barrier job is
 submitted and cancelled, what Spark says of its tasks. The tasks, the agents and the failure rules are shared.
 """
@@ -10,11 +10,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
-from .address import DriverAddress, spark_driver_address
-from .slots import wait_for_slots
-from .spark_cluster import is_connect, is_local
-from .spark_status import BarrierJobStatus, Task
+from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ..address import DriverAddress, spark_driver_address
+from .capacity import wait_for_slots
+from .cluster import is_connect, is_local
+from .status import BarrierJobStatus, Task
 
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
@@ -24,7 +24,7 @@ BarrierTask = Callable[[Iterator[Any]], Iterator[str]]  # a partition's agents; 
 
 
 class JobStatus(Protocol):
-    """What Spark says of the barrier job's tasks (:class:`.spark_status.BarrierJobStatus`)."""
+    """What Spark says of the barrier job's tasks (:class:`.status.BarrierJobStatus`)."""
 
     failed: dict[Task, str]
 
@@ -152,7 +152,7 @@ def spark_app(spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNN
     """The application of ``spark``: a Spark Connect session's, or a classic session's SparkContext; its texts
     name the runner as ``naming`` says."""
     if is_connect(spark):
-        from .connect_job import ConnectApp
+        from .connect import ConnectApp
 
         return ConnectApp(spark, tag, naming)  # type: ignore[arg-type]  # (is_connect: it is one)
     return ClassicApp(spark.sparkContext, tag, naming)

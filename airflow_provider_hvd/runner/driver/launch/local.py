@@ -9,13 +9,13 @@ import dataclasses
 import os
 import threading
 
-from ..agent.agent import AgentArgs, run_agent
-from ..errors import LaunchError
-from ..shared.gpus import GPU, host_gpus
-from ..shared.messages import Hello
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ...agent.agent import AgentArgs, run_agent
+from ...errors import LaunchError
+from ...shared.gpus import GPU, host_gpus
+from ...shared.messages import Hello
+from ...shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ..verdict.outcome import LaunchFailed
 from .address import LOOPBACK_DRIVER
-from .outcome import LaunchFailed
 
 
 class LocalLauncher:

@@ -1,4 +1,4 @@
-"""The barrier job over Spark Connect (``sc://``): the :class:`.spark_app.SparkApp` of a Connect session.
+"""The barrier job over Spark Connect (``sc://``): the :class:`.classic.SparkApp` of a Connect session.
 
 The client has no SparkContext: the conf is the session's (``spark.conf``, which reads the server's static
 settings too), the barrier job is ``spark.range(n).mapInArrow(..., barrier=True)`` under an operation tag
@@ -17,14 +17,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LaunchError
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
-from .address import DriverAddress, connect_driver_address, is_loopback
+from ....errors import LaunchError
+from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ..address import DriverAddress, connect_driver_address, is_loopback
+from .capacity import check_connect_slots, jvm_mebibytes, spark_bytes
+from .classic import BarrierTask, JobStatus
+from .cluster import is_local, session_conf
 from .connect_client import endpoint, interrupt_tag, is_tls
-from .slots import check_connect_slots, jvm_mebibytes, spark_bytes
-from .spark_app import BarrierTask, JobStatus
-from .spark_cluster import is_local, session_conf
-from .spark_status import Task
+from .status import Task
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -146,7 +146,7 @@ def warn_if_plan_readable(url: str, tls: bool, bind: str) -> None:
 
 
 class ConnectApp:
-    """A Spark Connect session's application, as :class:`.spark_launch.SparkLauncher` uses it."""
+    """A Spark Connect session's application, as :class:`.barrier.SparkLauncher` uses it."""
 
     def __init__(self, spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> None:
         self.spark = spark
