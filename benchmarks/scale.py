@@ -108,10 +108,10 @@ _SUPERVISOR_POLL_S = 0.2  # the supervisor asks its launcher this often (and at 
 def standin_calls_per_second(tasks: int, seconds: float) -> float:
     """py4j calls per second of the supervisor's watch on a running barrier job of ``tasks`` tasks (stand-in)."""
     launcher, sc = standin_launcher(StandInJob(group="", tasks=tasks))
-    launcher.failure()  # the first poll finds the job
+    launcher.poll()  # the first poll finds the job
     start, before = time.monotonic(), sc.calls.count
     while time.monotonic() - start < seconds:
-        assert launcher.failure() is None
+        assert launcher.poll() == []
         time.sleep(_SUPERVISOR_POLL_S)
     return round((sc.calls.count - before) / (time.monotonic() - start), 1)
 

@@ -29,8 +29,8 @@ from typing import Any
 from rank_lines import lines_of
 
 from airflow_provider_hvd.runner.agent.agent import AgentArgs
+from airflow_provider_hvd.runner.driver.events import LaunchFailed
 from airflow_provider_hvd.runner.driver.launch.address import LOOPBACK_DRIVER
-from airflow_provider_hvd.runner.driver.verdict.outcome import LaunchFailed
 from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
 from airflow_provider_hvd.runner.shared.messages import (
     Abort,
@@ -234,9 +234,6 @@ class SimulatedLauncher:
     def describe(self) -> str:
         return f"{self.size} simulated agents"
 
-    def check_slots(self) -> None:
-        pass
-
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(host, port, secret, relay_output=True, echo_output=False)
 
@@ -258,15 +255,15 @@ class SimulatedLauncher:
         assert self._proc is not None and self._proc.stdout is not None
         self._output = self._proc.stdout.read()
 
-    def failure(self) -> LaunchFailed | None:
+    def poll(self) -> list[LaunchFailed]:
         if self._proc is not None and self._proc.poll() not in (None, 0):
-            return LaunchFailed(self.describe(), f"the simulator exited with code {self._proc.returncode}")
-        return None
+            return [LaunchFailed(self.describe(), f"the simulator exited with code {self._proc.returncode}")]
+        return []
 
-    def task_failure(self, task: tuple[int, int]) -> str | None:
-        return None
+    def memory_settings(self) -> dict[str, str]:
+        return {}
 
-    def stop(self, cancel: bool) -> None:
+    def close(self, reason: str | None) -> None:
         assert self._proc is not None and self._reader is not None
         self._reader.join(self.scenario.give_up_s + 30)
         self._proc.wait()

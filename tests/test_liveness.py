@@ -18,7 +18,8 @@ from jobs import alive, assert_all_gone, sleep_and_record, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError
 from airflow_provider_hvd.runner.agent.agent import AgentArgs, run_agent
-from airflow_provider_hvd.runner.driver.verdict.outcome import SETTLE_S, HostLost, RunOutcome
+from airflow_provider_hvd.runner.driver.events import HostLost
+from airflow_provider_hvd.runner.driver.verdict.outcome import SETTLE_S, RunOutcome
 from airflow_provider_hvd.runner.driver.verdict.report import abort_reason, run_error
 from airflow_provider_hvd.runner.driver.watch.channel import DriverChannel
 from airflow_provider_hvd.runner.shared.liveness import Liveness, liveness_settings

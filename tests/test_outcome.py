@@ -7,7 +7,7 @@ import math
 import pytest
 
 from airflow_provider_hvd import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
-from airflow_provider_hvd.runner.driver.verdict.outcome import (
+from airflow_provider_hvd.runner.driver.events import (
     AgentFailed,
     AgentLost,
     Cancelled,
@@ -15,9 +15,9 @@ from airflow_provider_hvd.runner.driver.verdict.outcome import (
     LaunchFailed,
     RankFailed,
     RankSucceeded,
-    RunOutcome,
     StartTimedOut,
 )
+from airflow_provider_hvd.runner.driver.verdict.outcome import RunOutcome
 from airflow_provider_hvd.runner.driver.verdict.report import abort_reason, run_error
 from airflow_provider_hvd.runner.shared.messages import Done, RemoteError
 

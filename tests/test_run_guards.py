@@ -13,6 +13,7 @@ import pytest
 from jobs import assert_all_gone, fail_on_rank, sleep_and_record, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
+from airflow_provider_hvd.runner.driver.events import LaunchFailed, TaskEnded
 from airflow_provider_hvd.runner.driver.launch.spark.barrier import SparkLauncher
 from airflow_provider_hvd.runner.driver.watch import channel
 from airflow_provider_hvd.runner.errors import HorovodRunnerError
@@ -179,13 +180,14 @@ def test_a_spark_context_stopped_under_a_run_ends_it_with_a_runner_error(spark_l
     """Before: the launcher's poll of Spark's status raised py4j's error (or an AttributeError) into run().
     Runs last in this module: it stops the module's SparkContext."""
     launcher = SparkLauncher(spark_local, 2)
-    assert launcher.failure() is None
+    assert launcher.poll() == []
     thread, outcome = run_in_thread(HorovodRunner(np=2), sleep_and_record, pid_dir=pid_dir)
     pids = wait_for_pids(pid_dir, 2, timeout=180)
     spark_local.stop()
-    failure = launcher.failure()  # what the supervisor asks every second
-    assert failure is not None and "the SparkContext on local[2] stopped" in failure.reason
-    assert launcher.task_failure((0, 0)) is None
+    events = launcher.poll()  # what the supervisor asks every second
+    [failure] = [event for event in events if isinstance(event, LaunchFailed)]
+    assert "the SparkContext on local[2] stopped" in failure.reason
+    assert not [event for event in events if isinstance(event, TaskEnded)]
     thread.join(120)
     assert not thread.is_alive()
     assert isinstance(outcome["error"], HorovodRunnerError), outcome["error"]

@@ -10,6 +10,12 @@ from __future__ import annotations
 import pytest
 from standin_status import StandInJob, standin_launcher
 
+from airflow_provider_hvd.runner.driver.events import LaunchFailed, TaskEnded
+
+
+def failures(events: list) -> list[LaunchFailed]:
+    return [event for event in events if isinstance(event, LaunchFailed)]
+
 
 def calls_per_poll(tasks: int, polls: int = 5) -> list[int]:
     launcher, sc = standin_launcher(StandInJob(group="", tasks=tasks))
@@ -17,7 +23,7 @@ def calls_per_poll(tasks: int, polls: int = 5) -> list[int]:
     for _ in range(polls):
         before = sc.calls.count
         launcher._next_poll = 0.0  # as a second later
-        assert launcher.failure() is None
+        assert launcher.poll() == []
         counts.append(sc.calls.count - before)
     return counts
 
@@ -31,39 +37,39 @@ def test_a_poll_costs_the_same_few_py4j_calls_at_any_np():
 @pytest.mark.parametrize("polls_between", [0, 1000])
 def test_the_supervisor_polls_spark_at_most_once_a_second(monkeypatch, polls_between):
     launcher, sc = standin_launcher(StandInJob(group="", tasks=1000))
-    launcher.failure()
+    launcher.poll()
     before = sc.calls.count
     for _ in range(polls_between):  # the supervisor's loop asks every 0.2 s, and at every event
-        launcher.failure()
+        launcher.poll()
     assert sc.calls.count == before
 
 
 def test_a_failed_task_among_a_thousand_is_named_with_sparks_reason():
     job = StandInJob(group="", tasks=1000)
     launcher, _ = standin_launcher(job)
-    assert launcher.failure() is None
+    assert launcher.poll() == []
     job.failed, job.killed = {321}, set(range(1000)) - {321}  # Spark kills the other tasks of the barrier stage
     launcher._next_poll = 0.0
-    failure = launcher.failure()
-    assert failure is not None
+    events = launcher.poll()
+    [failure] = failures(events)
     assert failure.reason == "Spark task 321 (attempt 0) failed on executor 71 (10.0.1.1): boom"
-    assert launcher.task_failure((321, 0)) == failure.reason
+    assert TaskEnded((321, 0), failure.reason) in events
 
 
 def test_a_task_killed_from_outside_is_named_as_killed():
     job = StandInJob(group="", tasks=4)
     launcher, _ = standin_launcher(job)
-    launcher.failure()
+    launcher.poll()
     job.killed = {2}
     launcher._next_poll = 0.0
-    failure = launcher.failure()
-    assert failure is not None
+    [failure] = failures(launcher.poll())
     assert failure.reason == "Spark task 2 (attempt 0) was killed on executor 2 (10.0.0.1): killed via the Web UI"
 
 
 def test_tasks_killed_by_the_runs_own_cancellation_are_not_its_cause():
     job = StandInJob(group="", tasks=4)
     launcher, _ = standin_launcher(job)
-    launcher.failure()
+    launcher.poll()
     job.killed, job.kill_reason = {0, 1, 2, 3}, f"Job 0 cancelled part of cancelled job group {launcher.group}"
-    assert launcher.task_failure((1, 0)) is None
+    launcher._next_poll = 0.0
+    assert launcher.poll() == []  # no failure, and no task Spark ended of its own

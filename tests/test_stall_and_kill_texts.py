@@ -6,10 +6,10 @@ import math
 
 from airflow_provider_hvd import RankFailedError, RunStalledError
 from airflow_provider_hvd.runner.agent.activity import is_stall_warning
+from airflow_provider_hvd.runner.driver.events import Cancelled, RankFailed, Stalled, StalledRank
 from airflow_provider_hvd.runner.driver.verdict.kills import describe_kill
-from airflow_provider_hvd.runner.driver.verdict.outcome import Cancelled, RankFailed, RunOutcome
+from airflow_provider_hvd.runner.driver.verdict.outcome import RunOutcome
 from airflow_provider_hvd.runner.driver.verdict.report import abort_reason, run_error
-from airflow_provider_hvd.runner.driver.watch.stalls import Stalled, StalledRank
 from airflow_provider_hvd.runner.shared.messages import Done
 
 WHERE = "in Spark task 1 (attempt 0) on executor 10.0.0.2:41000 (10.0.0.2)"

@@ -21,8 +21,9 @@ from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encryp
 from .driver.tracking.mlflow_run import MlflowRun, MlflowSettings, import_mlflow, mlflow_settings, start_mlflow_run
 from .driver.tracking.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
 from .driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
+from .driver.verdict.stacks import CodeFiles
 from .driver.watch.channel import rank_log
-from .driver.watch.stalls import CodeFiles, check_stall_timeout
+from .driver.watch.stalls import check_stall_timeout
 from .errors import RunCancelledError
 from .shared.liveness import liveness_settings, warn_if_gloo_first
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
@@ -31,8 +32,9 @@ from .shared.payload import WARN_BYTES, dumps_job
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from .driver.launch.launcher import Launcher
     from .driver.ranks.torch import RankKind
-    from .driver.watch.supervisor import Launcher, Supervisor
+    from .driver.watch.supervisor import Supervisor
 
 VERBOSITIES = ("all", "log_callback_only")
 

@@ -31,8 +31,8 @@ from .shared.naming import TORCH_DISTRIBUTOR
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from .driver.launch.launcher import Launcher
     from .driver.ranks.torch import RankKind
-    from .driver.watch.supervisor import Launcher
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 

@@ -431,8 +431,7 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
             stream = FrameStream.over_socket(sock)
             connect_handshake(sock, args.secret)
         else:  # the channel is TLS: a certificate other than the run's is refused here, before anything is sent
-            session, buffered = connect_tls(sock, args.tls_fingerprint)
-            stream = FrameStream.over_socket(sock, session, buffered)
+            stream = connect_tls(sock, args.tls_fingerprint)
             connect_handshake(sock, args.secret, over=stream)
         watch = DriverWatch(stream, sock, args.liveness)
         host, hostname = sock.getsockname()[0], socket.gethostname()

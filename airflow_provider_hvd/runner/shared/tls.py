@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from .wire import HANDSHAKE_TIMEOUT_S, AuthenticationError
+from .timing import HANDSHAKE_TIMEOUT_S
+from .wire import AuthenticationError, FrameStream
 
 _READ_BYTES = 1 << 18
 _SEAL_BYTES = 1 << 18  # a large frame (a pickled result) is sealed and sent in pieces of this size
@@ -238,10 +239,10 @@ class TlsWriter:
                 self._sock.sendall(sealed)
 
 
-def connect_tls(sock: socket.socket, pinned: str) -> tuple[TlsSession, bytes]:
+def connect_tls(sock: socket.socket, pinned: str) -> FrameStream:
     """The agent's TLS handshake on ``sock``; the driver's certificate must have the fingerprint ``pinned``.
 
-    Returns the session and any plaintext that came with the handshake's end; raises
+    Returns the frames through the session (after any plaintext that came with the handshake's end); raises
     :class:`CertificateMismatch` for another certificate, before anything is sent inside TLS.
     """
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -263,4 +264,4 @@ def connect_tls(sock: socket.socket, pinned: str) -> tuple[TlsSession, bytes]:
             f"is {pinned}. Another process answers at that address, or the connection is intercepted; the agent "
             "refused it."
         )
-    return session, plaintext
+    return FrameStream(TlsReader(sock, session, plaintext), TlsWriter(sock, session), sock)

@@ -18,12 +18,9 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .timing import HANDSHAKE_TIMEOUT_S as HANDSHAKE_TIMEOUT_S  # (read as wire.HANDSHAKE_TIMEOUT_S too)
-
-if TYPE_CHECKING:
-    from .tls import TlsSession
 
 _HEADER = struct.Struct("!BI")
 NONCE_BYTES = 32
@@ -45,7 +42,7 @@ class Kind(enum.IntEnum):
     METRICS = 7  # progress: a rank's metrics, relayed by its agent
     CHECKPOINT = 8  # progress: a checkpoint a rank reported, relayed by its agent
     AGENT_ALIVE = 6  # heartbeat (.liveness)
-    RETURNED = 11  # the rank's main returned; its process runs its exit work (driver/exits.py)
+    RETURNED = 11  # the rank's main returned; its process runs its exit work (driver/verdict/exits.py)
     # driver -> agent
     START = 10
     ABORT = 12
@@ -205,24 +202,18 @@ def _read_exact(stream: Reader, n: int) -> bytes:
 class FrameStream:
     """Reads and writes frames on a byte stream; writes are serialised so that threads can share it."""
 
-    def __init__(self, reader: Reader, write: Any) -> None:
+    def __init__(self, reader: Reader, write: Any, sock: socket.socket | None = None) -> None:
+        """Frames read from ``reader`` and written with ``write``; ``sock``: the socket under them, closed with
+        the stream."""
         self._reader = reader
         self._write = write
         self._lock = threading.Lock()
-
-        self._sock: socket.socket | None = None
+        self._sock = sock
 
     @classmethod
-    def over_socket(cls, sock: socket.socket, tls: TlsSession | None = None, buffered: bytes = b"") -> FrameStream:
-        """Frames on ``sock``; through ``tls`` (and after its ``buffered`` plaintext) when the channel is TLS."""
-        if tls is None:
-            stream = cls(sock.makefile("rb"), sock.sendall)
-        else:
-            from .tls import TlsReader, TlsWriter
-
-            stream = cls(TlsReader(sock, tls, buffered), TlsWriter(sock, tls))
-        stream._sock = sock
-        return stream
+    def over_socket(cls, sock: socket.socket) -> FrameStream:
+        """Frames on ``sock`` as it is (over TLS: :func:`.tls.tls_stream`)."""
+        return cls(sock.makefile("rb"), sock.sendall, sock)
 
     def read_bytes(self, n: int) -> bytes:
         """Exactly ``n`` bytes, outside any frame (a handshake's)."""

@@ -14,7 +14,7 @@ from ...errors import LaunchError
 from ...shared.gpus import GPU, host_gpus
 from ...shared.messages import Hello
 from ...shared.naming import HOROVOD_RUNNER, RunnerNaming
-from ..verdict.outcome import LaunchFailed
+from ..events import LaunchEvent, LaunchFailed
 from .address import LOOPBACK_DRIVER
 
 
@@ -37,11 +37,12 @@ class LocalLauncher:
         self.gpus, self._gpus_from = gpus if gpus is not None else host_gpus()
         self._threads: list[threading.Thread] = []
         self._failure: BaseException | None = None
+        self._told = False
 
     def describe(self) -> str:
         return f"{self.size} processes on this host"
 
-    def check_slots(self) -> None:
+    def _check_gpus(self) -> None:
         """One GPU per rank on a host with GPUs; the cores may be oversubscribed, as sparkdl's are."""
         if self.gpus and self.size > len(self.gpus):
             fewer = self.naming.local_args(len(self.gpus))
@@ -60,10 +61,11 @@ class LocalLauncher:
         gpus = {GPU: [self.gpus[index]]} if self.gpus else {}
         try:
             run_agent(args, lambda: payload, Hello(host="", pid=os.getpid(), partition=index, resources=gpus))
-        except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
+        except BaseException as exc:  # noqa: BLE001 - surfaced through poll()
             self._failure = self._failure or exc
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
+        self._check_gpus()
         self._threads = [
             threading.Thread(target=self._agent, args=(args, i, payload), name=f"hvd-local-agent-{i}", daemon=True)
             for i in range(self.size)
@@ -71,15 +73,17 @@ class LocalLauncher:
         for thread in self._threads:
             thread.start()
 
-    def failure(self) -> LaunchFailed | None:
-        if self._failure is None:
-            return None
-        return LaunchFailed(self.describe(), f"a rank agent failed: {self._failure!r}", self._failure)
+    def poll(self) -> list[LaunchEvent]:
+        """An agent thread that raised, once (its rank's own failures reach the driver over the channel)."""
+        if self._failure is None or self._told:
+            return []
+        self._told = True
+        return [LaunchFailed(self.describe(), f"a rank agent failed: {self._failure!r}", self._failure)]
 
-    def task_failure(self, task: tuple[int, int]) -> str | None:
-        return None
+    def memory_settings(self) -> dict[str, str]:
+        return {}  # the ranks run beside the driver, bounded by this host's memory alone
 
-    def stop(self, cancel: bool) -> None:
+    def close(self, reason: str | None) -> None:
         """Wait for the agents; those not done yet saw the driver close the channel and are ending their ranks."""
         for thread in self._threads:
             thread.join(timeout=60)

@@ -15,12 +15,19 @@ from __future__ import annotations
 import enum
 import math
 import time
-from dataclasses import dataclass
-from typing import Any
 
-from ...shared.messages import Done, RemoteError
 from ...shared.timing import SETTLE_S
-from ..watch.stalls import Stalled
+from ..events import (
+    FAILURES,
+    AgentFailed,
+    AgentLost,
+    Cancelled,
+    Event,
+    Failure,
+    HostLost,
+    RankFailed,
+    RankSucceeded,
+)
 from .consequences import is_consequence
 
 
@@ -29,102 +36,6 @@ class Phase(enum.Enum):
     RUNNING = "running"  # every rank was started
     SETTLING = "settling"  # a rank failed: the reports racing it are awaited for SETTLE_S before naming the cause
     ENDING = "ending"  # a cause was recorded, or every rank reported: the rest is collateral
-
-
-# events
-
-
-@dataclass(frozen=True)
-class RankSucceeded:
-    rank: int
-
-
-@dataclass(frozen=True)
-class RankFailed:
-    """A rank ended without a result (an exception, an exit code, a signal), or was ended by the driver."""
-
-    rank: int
-    where: str
-    done: Done
-    received_at: float | None = None  # when the driver got it (time.time()); its source time is in ``done``
-    kill_evidence: dict[str, Any] | None = None  # killed by a signal the driver did not send: what was seen (.kills)
-    after_return: bool = False  # its main had returned: it failed in its exit work (see RunOutcome.record)
-
-
-@dataclass(frozen=True)
-class AgentLost:
-    """An agent's connection ended before it reported (its Spark task, executor or host died)."""
-
-    rank: int | None
-    where: str
-    detail: str
-    task: tuple[int, int] | None = None  # (partition, attempt) of its Spark task, to look up Spark's reason
-    received_at: float | None = None  # when the driver saw the connection end (time.time()): no agent can say
-    after_return: bool = False  # its rank's main had returned: only its exit work was lost (see RunOutcome._decide)
-
-
-@dataclass(frozen=True)
-class AgentFailed:
-    """An agent raised (not its rank): e.g. a package missing on its executor."""
-
-    rank: int | None
-    where: str
-    error: RemoteError
-    received_at: float | None = None  # when the driver got it (time.time()); its source time is ``error.at``
-
-
-@dataclass(frozen=True)
-class LaunchFailed:
-    """The launch itself failed (Spark refused or failed the barrier job) before the run decided to end."""
-
-    what: str
-    reason: str
-    exc: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class StartTimedOut:
-    started: int
-    size: int
-    seconds: float
-    what: str
-
-
-@dataclass(frozen=True)
-class Cancelled:
-    pass
-
-
-@dataclass(frozen=True)
-class HostLost:
-    """Nothing came for the heartbeat timeout from any agent on one host: it vanished, or was cut off."""
-
-    ranks: tuple[int, ...]
-    address: str
-    hostname: str | None
-    detail: str  # how long it was silent, and what that means
-    received_at: float | None = None  # when the driver decided it (time.time()): the host cannot say
-    after_return: bool = False  # the main of every rank on it had returned: only their exit work was lost
-
-    @property
-    def rank(self) -> int:
-        return self.ranks[0]
-
-    @property
-    def where(self) -> str:
-        return f"on host {self.host()}"
-
-    def host(self) -> str:
-        return f"{self.hostname} ({self.address})" if self.hostname and self.hostname != self.address else self.address
-
-
-Event = (
-    RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | HostLost | Stalled
-)
-
-
-Failure = RankFailed | AgentLost | AgentFailed | HostLost
-FAILURES = (RankFailed, AgentLost, AgentFailed, HostLost)
 
 
 def source_time(event: Failure) -> float | None:

@@ -8,13 +8,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from ...errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError
+from ...errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError, RunStalledError
 from ...shared.messages import Done, RemoteError
 from ...shared.naming import HOROVOD_RUNNER, RunnerNaming
-from ..watch.stalls import Stalled, stall_error
-from .consequences import is_consequence_error
-from .kills import describe_kill
-from .outcome import (
+from ..events import (
     FAILURES,
     AgentFailed,
     AgentLost,
@@ -23,10 +20,13 @@ from .outcome import (
     HostLost,
     LaunchFailed,
     RankFailed,
-    RunOutcome,
+    Stalled,
     StartTimedOut,
-    is_consequence_event,
 )
+from .consequences import is_consequence_error
+from .kills import describe_kill
+from .outcome import RunOutcome, is_consequence_event
+from .stacks import where_ranks_were
 
 OTHERS_SHOWN = 20  # lines about other ranks in a RankFailedError's message
 AFTER_RETURN = ", after its main returned, in its exit work: atexit handlers..."
@@ -206,3 +206,15 @@ def _rank_failed(
     return RankFailedError(
         text, rank=rank, exit_code=exit_code, remote_traceback=traceback, output_tail=tail, other_failures=others
     )
+
+
+def stall_error(event: Stalled, runner: str = HOROVOD_RUNNER.runner) -> RunStalledError:
+    ranks = sorted(rank.rank for rank in event.ranks)
+    text = (
+        f"{runner}: the run stalled: no rank wrote output or reported progress for {event.seconds:.0f}s "
+        f"(stall_timeout={event.seconds:g}); every rank was ended. Stalled: rank{'s' if len(ranks) > 1 else ''} "
+        f"{', '.join(map(str, ranks))}. Where each one was, longest quiet first (innermost frames first):\n"
+        + where_ranks_were(event.ranks)
+    )
+    stacks = {r.rank: r.stacks if r.stacks is not None else f"(no stacks: {r.no_stacks})" for r in event.ranks}
+    return RunStalledError(text, stall_timeout=event.seconds, ranks=ranks, stacks=stacks)

@@ -9,59 +9,41 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ...agent.agent import AgentArgs
 from ...shared.gpus import GPU, visible_gpus
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
 from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
-from ...shared.naming import RunnerNaming
 from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
 from ...shared.wire import new_secret
-from ..launch.address import CHANNEL, DriverAddress
-from ..ranks.torch import HorovodKind, RankKind, Slot
-from ..tracking.progress import RunProgress
-from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
-from ..verdict.outcome import (
+from ..events import (
     AgentFailed,
     AgentLost,
     Cancelled,
     Event,
     HostLost,
+    LaunchEvent,
     LaunchFailed,
-    Phase,
     RankFailed,
     RankSucceeded,
-    RunOutcome,
     StartTimedOut,
+    Task,
+    TaskEnded,
 )
+from ..launch.address import CHANNEL
+from ..launch.launcher import Launcher
+from ..ranks.torch import HorovodKind, RankKind, Slot
+from ..tracking.progress import RunProgress
+from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
+from ..verdict.outcome import Phase, RunOutcome
 from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
+from ..verdict.stacks import CodeFiles, where_ranks_were
 from .channel import AgentConnection, ChannelEvent, DriverChannel
-from .stalls import CodeFiles, StallWatch, activity_period, collect_stacks, where_ranks_were
+from .stalls import StallWatch, activity_period, collect_stacks
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _POLL_S = 0.2
-
-
-class Launcher(Protocol):
-    """A way to start one agent per rank (:mod:`..launch.local`, :mod:`..launch.spark.barrier`)."""
-
-    driver: DriverAddress  # where the channel and the rendezvous listen, and the address the agents are told
-    size: int
-    naming: RunnerNaming  # the runner whose run it launches, as the run's texts name it
-
-    def describe(self) -> str: ...
-    def check_slots(self) -> None:
-        """Return once the ranks can start (the driver already listens: a taken port fails before any wait)."""
-
-    def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs: ...
-    def start(self, args: AgentArgs, payload: bytes) -> None:
-        """Start the agents; each hands ``payload`` (the pickled job) to its rank. Keep no copy not needed."""
-
-    def failure(self) -> LaunchFailed | None: ...
-    def task_failure(self, task: tuple[int, int]) -> str | None: ...
-    def stop(self, cancel: bool) -> None: ...
 
 
 class Tracking(Protocol):
@@ -110,6 +92,8 @@ class Supervisor:
         self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
         self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (..shared.tls)
         self._tracking = tracking
+        self._task_reasons: dict[Task, str] = {}  # Spark's reason for each task it ended (the launcher's TaskEnded)
+        self._launch_failure: LaunchFailed | None = None  # the launcher's latest word of its failure
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
 
@@ -133,7 +117,6 @@ class Supervisor:
                 f", TLS 1.3 (this run's certificate, SHA-256 {certificate.fingerprint})" if certificate else "",
             )
             log.info("%s: %s", self._runner, where)
-            self.launcher.check_slots()
             payload, self._payload = self._payload, None
             assert payload is not None, "a Supervisor runs once"
             args = self.launcher.agent_args(driver.advertised, channel.port, secret, self._verbosity)
@@ -145,8 +128,8 @@ class Supervisor:
             )
             if self._stalls is not None:
                 args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
-            if not self._cancelled():  # (cancelled while the slots were awaited: nothing starts; _watch says so)
-                self.launcher.start(args, payload)
+            if not self._cancelled():  # (cancelled meanwhile: nothing starts; _watch says so)
+                self.launcher.start(args, payload)  # (a wait for the task slots first, which a cancel ends)
             del payload
             try:
                 self._watch(channel)
@@ -156,7 +139,7 @@ class Supervisor:
                 raise
         finally:
             self._clean_up(channel)
-        error = run_error(self._outcome, self.launcher.task_failure, self._kind.name, self._naming)
+        error = run_error(self._outcome, self._task_reasons.get, self._kind.name, self._naming)
         if error is not None:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
@@ -166,10 +149,13 @@ class Supervisor:
     def _clean_up(self, channel: DriverChannel) -> None:
         """Close the channel, end the launch, stop the rendezvous: each whatever the others did, and none of
         their errors replaces the run's own (they are logged)."""
-        cancel = self._outcome.cause is not None or len(self._outcome.succeeded) < self.size
+        cause = self._outcome.cause
+        done = cause is None and len(self._outcome.succeeded) == self.size
+        reason = None if done else abort_reason(cause) if cause is not None else "the run did not complete"
         steps: list[tuple[str, Callable[[], None]]] = [
             ("close the driver channel", channel.close),  # agents still connected end their ranks at once
-            (f"end {self.launcher.describe()}", lambda: self.launcher.stop(cancel=cancel)),
+            (f"end {self.launcher.describe()}", lambda: self.launcher.close(reason)),
+            ("read what Spark said of the tasks it ended", lambda: self._take_launch_events(self.launcher.poll())),
         ]
         if self._kind_open:
             steps.append((f"stop the {self._kind.name} rendezvous", self._kind.close))
@@ -204,7 +190,8 @@ class Supervisor:
                 pass
             self._end_others(self._outcome.due())  # the window after a first failure has passed: name the cause
             now = time.monotonic()
-            failure = self.launcher.failure()
+            self._take_launch_events(self.launcher.poll())
+            failure = self._launch_failure
             if failure is not None and not self._outcome.ending:
                 launch_failed_at = launch_failed_at or now
                 if now - launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
@@ -233,6 +220,13 @@ class Supervisor:
                     abort_deadline = abort_deadline or now + ABORT_WAIT_S
                 if not self._running() or (abort_deadline is not None and now > abort_deadline):
                     return
+
+    def _take_launch_events(self, events: list[LaunchEvent]) -> None:
+        for event in events:
+            if isinstance(event, TaskEnded):
+                self._task_reasons[event.task] = event.reason
+            else:
+                self._launch_failure = event  # (its words may improve: Spark's reason for a task comes later)
 
     def _end_slow_exits(self) -> None:
         """Every rank returned ``exit_timeout`` ago: end those still in their exit work, each with a warning."""

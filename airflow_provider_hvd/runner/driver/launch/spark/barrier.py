@@ -7,7 +7,10 @@ of its GPUs each (as PySpark's ``TorchDistributor`` runs ``torchrun --nproc-per-
 
 On a classic session the pickled job travels as a Spark broadcast: the driver hands it to Spark once, each
 executor fetches it once (from the driver or from other executors) and the ranks on that executor read that
-local copy. What differs over Spark Connect is in :mod:`.connect`, behind :mod:`.classic`'s seam.
+local copy. What differs over Spark Connect is in :mod:`.connect`, behind :mod:`.app`'s seam.
+
+What Spark's status store says of the job's tasks stays in here: :meth:`SparkLauncher.poll` turns it into the
+run's launch events (:class:`~..launcher.Launcher`).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from ....agent.agent import AgentArgs, run_agent
 from ....shared.gpus import GPU
 from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
-from ...verdict.outcome import LaunchFailed
+from ...events import LaunchEvent, LaunchFailed, Task, TaskEnded
+from .app import BarrierTask, SparkApp
 from .capacity import DEFAULT_SLOT_WAIT_S
-from .classic import BarrierTask, spark_app
-from .cluster import summary
+from .classic import ClassicApp
+from .cluster import is_connect, summary
+from .connect import ConnectApp
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,6 +51,14 @@ _TASKS_END_WAIT_S = 5.0
 _CANCEL_AGAIN_S = 2.0  # the cancel is sent again while the job runs on
 _TASKS_END_POLL_S = 0.2  # the job has ended, its tasks are ending (a killed task's end comes seconds later)
 EXECUTOR_CUDA_DEVICES = "spark.executorEnv.CUDA_VISIBLE_DEVICES"  # the executors' GPUs, set on purpose
+
+
+def spark_app(spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> SparkApp:
+    """The application of ``spark``: a Spark Connect session's, or a classic session's SparkContext; its texts
+    name the runner as ``naming`` says."""
+    if is_connect(spark):
+        return ConnectApp(spark, tag, naming)  # type: ignore[arg-type]  # (is_connect: it is one)
+    return ClassicApp(spark.sparkContext, tag, naming)
 
 
 def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
@@ -136,6 +149,8 @@ class SparkLauncher:
         self._failure: BaseException | None = None
         self._task_failure: LaunchFailed | None = None
         self._next_poll = 0.0
+        self._failure_told: LaunchFailed | None = None
+        self._told: set[Task] = set()  # the tasks whose end was told (TaskEnded)
         self._status = self.app.status
         self._poll_error_logged = False
         self._stop_reason: str | None = None
@@ -164,10 +179,6 @@ class SparkLauncher:
             "spark.executor.pyspark.memory": conf("spark.executor.pyspark.memory") or "not set",
         }
 
-    def check_slots(self) -> None:
-        """Wait (bounded) until the application has ``size`` task slots; refuse a job that can never fit."""
-        self.app.check_slots(self.tasks, self.slot_wait_timeout, self.cancelled)
-
     def agent_args(self, host: str, port: int, secret: bytes, verbosity: str) -> AgentArgs:
         return AgentArgs(
             host,
@@ -185,20 +196,41 @@ class SparkLauncher:
             return
         try:
             self.app.run_barrier(self.tasks, task, self.group, f"{self.naming.runner}: {self.size} ranks")
-        except BaseException as exc:  # noqa: BLE001 - surfaced through failure()
+        except BaseException as exc:  # noqa: BLE001 - surfaced through poll()
             self._failure = exc
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
+        """Wait (bounded) until the application has the job's task slots, refusing a job that can never fit; then
+        submit the barrier job, unless the run was cancelled meanwhile."""
+        self.app.check_slots(self.tasks, self.slot_wait_timeout, self.cancelled)
+        if self.cancelled():
+            return
         task = _barrier_task(args, self.app.ship(payload), self.per_task, self.use_gpus)
         self._thread = threading.Thread(target=self._run_job, args=(task,), name="hvd-spark-job", daemon=True)
         self._thread.start()
 
-    def failure(self) -> LaunchFailed | None:
-        """The barrier job's failure, or the first of its tasks that failed or was killed from outside (Spark may
-        be about to retry it); polled at most once a second, with the same few py4j calls whatever ``size``."""
+    def poll(self) -> list[LaunchEvent]:
+        """What came of the barrier job since the last poll: its failure, or that of the first of its tasks that
+        failed or was killed from outside (Spark may be about to retry it), as a :class:`LaunchFailed` each time
+        its words change; Spark's reason for each task it ended (:class:`TaskEnded`). Spark's status store is read
+        at most once a second, with the same few py4j calls whatever ``size``."""
         if (self._failure is not None or self._task_failure is None) and time.monotonic() >= self._next_poll:
             self._next_poll = time.monotonic() + _TASK_FAILURE_POLL_S
             self._stop_reason = self._poll()
+        events: list[LaunchEvent] = self._tasks_ended()
+        failure = self._launch_failure()
+        if failure is not None and failure != self._failure_told:
+            self._failure_told = failure
+            events.append(failure)
+        return events
+
+    def _tasks_ended(self) -> list[LaunchEvent]:
+        """Spark's reason for each task of the job it ended, told once each."""
+        ended = {task: reason for task, reason in self._status.ended().items() if task not in self._told}
+        self._told.update(ended)
+        return [TaskEnded(task, reason) for task, reason in ended.items()]
+
+    def _launch_failure(self) -> LaunchFailed | None:
         if self._failure is not None:
             # a task killed from outside (the Spark UI, another thread) says more than "Job 0 cancelled ..."
             text = summary(self._failure)
@@ -233,28 +265,27 @@ class SparkLauncher:
                 )
         return None
 
-    def task_failure(self, task: tuple[int, int]) -> str | None:
-        """Spark's reason for ending ``task`` (a lost agent's), waiting a little for it while the job's tasks end."""
+    def _await_task_ends(self) -> None:
+        """Wait a little (at most ``_TASK_REASON_WAIT_S``) for the ends of the tasks still active to reach Spark's
+        status store, so that the last :meth:`poll` has Spark's reason for each (a lost agent's error names it)."""
         deadline = time.monotonic() + _TASK_REASON_WAIT_S
-        while self._stopped() is None and self._poll() is None:
-            reason = self._status.reason(task)
-            if reason is not None or time.monotonic() >= deadline:
-                return reason
+        while self._stopped() is None and self._poll() is None and time.monotonic() < deadline:
             try:
                 if not self._status.tasks_active():
-                    return None
-            except Exception:  # noqa: BLE001 - the SparkContext is stopping: the reason is a nicety
-                return None
+                    return
+            except Exception:  # noqa: BLE001 - the SparkContext is stopping: the reasons are a nicety
+                return
             time.sleep(_TASK_FAILURE_POLL_S / 5)
-        return self._status.reason(task)
 
-    def stop(self, cancel: bool) -> None:
-        """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete. Spark's
-        copies of the job are dropped then; a job still running after ``_JOB_END_WAIT_S``, or tasks still running
-        ``_TASKS_END_WAIT_S`` after it ended (on a host that vanished, say), are left to Spark, with a warning naming
-        the job, and keep what they need of the job."""
+    def close(self, reason: str | None) -> None:
+        """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete (``reason``
+        says why: None when it did). Spark's copies of the job are dropped then; a job still running after
+        ``_JOB_END_WAIT_S``, or tasks still running ``_TASKS_END_WAIT_S`` after it ended (on a host that vanished,
+        say), are left to Spark, with a warning naming the job, and keep what they need of the job. The reasons of
+        the tasks Spark ended come with the next :meth:`poll`."""
         if self._thread is None:
             return
+        cancel = reason is not None
         if not cancel:
             self._thread.join(timeout=30)  # the tasks are returning
         started = time.monotonic()
@@ -288,6 +319,8 @@ class SparkLauncher:
                 )
         finally:
             self.app.unship(tasks_running=running)
+        if cancel and not running:
+            self._await_task_ends()
 
     def _tasks_running(self) -> bool:
         """Whether Spark's status store shows tasks of the job running (they may outlive a cancelled job)."""

@@ -1,74 +1,23 @@
-"""The Spark application a run's barrier job runs in, as :mod:`.barrier` sees it: a classic SparkContext
-(here) or a Spark Connect session (:mod:`.connect`). Only what differs between the two is behind this seam:
-the conf, the driver's address, the slot count, how the job reaches the tasks, how the barrier job is
-submitted and cancelled, what Spark says of its tasks. The tasks, the agents and the failure rules are shared.
+"""A classic SparkContext in this process as the barrier job's application (:class:`.app.SparkApp`): the job
+travels as a broadcast, the barrier job is an RDD's in a job group, Spark's status store tells of its tasks.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ..address import DriverAddress, spark_driver_address
+from .app import BarrierTask, JobStatus, arrow_barrier
 from .capacity import wait_for_slots
-from .cluster import is_connect, is_local
-from .status import BarrierJobStatus, Task
+from .cluster import is_local
+from .status import BarrierJobStatus
 
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
-    from pyspark.sql import SparkSession
-
-BarrierTask = Callable[[Iterator[Any]], Iterator[str]]  # a partition's agents; yields how each ended (JSON)
-
-
-class JobStatus(Protocol):
-    """What Spark says of the barrier job's tasks (:class:`.status.BarrierJobStatus`)."""
-
-    failed: dict[Task, str]
-
-    def poll(self) -> None: ...
-    def first_failure(self) -> str | None: ...
-    def reason(self, task: Task) -> str | None: ...
-    def tasks_active(self) -> bool: ...
-    def tasks_running(self) -> bool:
-        """Whether tasks of the job are known to run now (a cancelled job ends before its tasks do)."""
-
-
-class SparkApp(Protocol):
-    """One Spark application, classic or over Spark Connect, as the launcher uses it."""
-
-    master: str
-    local: bool  # the executors are threads of the application's driver JVM (this one's, or the Connect server's)
-    shares_stderr: bool  # the executors' stderr is this process's: relayed rank lines are not echoed there too
-    status: JobStatus
-
-    def conf(self, key: str) -> str | None: ...
-    def where(self) -> str:
-        """Where the job runs, for the texts: ``on local[2]``, ``over Spark Connect sc://host:port (local[2])``."""
-
-    def driver_address(self) -> DriverAddress: ...
-    def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None: ...
-    def ship(self, payload: bytes) -> Callable[[], bytes]:
-        """Hand the pickled job to Spark; the task's way to read it (pickled into the task)."""
-
-    def run_barrier(self, tasks: int, task: BarrierTask, tag: str, description: str) -> None:
-        """Run ``task`` in a barrier job of ``tasks`` tasks, cancellable by ``tag``; returns when it ends."""
-
-    def cancel(self, tag: str) -> None: ...
-    def name_of(self, tag: str) -> str:
-        """The job's handle in Spark's words: ``job group horovod-runner-...``, ``operation tag ...``."""
-
-    def left_running(self, tag: str) -> str:
-        """What of the run is left with a job that outlived its cancel, and how to end it, in words."""
-
-    def unship(self, tasks_running: bool = False) -> None:
-        """Drop the copies of the job that Spark holds for this run, where they can be dropped; with
-        ``tasks_running``, only those that the tasks still running do not need."""
-
-    def stopped(self) -> str | None:
-        """Why the run cannot go on when the application has stopped; None while it runs."""
+    from pyspark.sql import DataFrame
 
 
 def read_broadcast(payload: Broadcast[bytes]) -> bytes:
@@ -107,8 +56,13 @@ class ClassicApp:
         self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept
         return functools.partial(read_broadcast, self._payload)
 
-    def run_barrier(self, tasks: int, task: BarrierTask, tag: str, description: str) -> None:
+    def run_barrier(
+        self, tasks: int, task: BarrierTask, tag: str, description: str, inputs: DataFrame | None = None
+    ) -> None:
         self.sc.setJobGroup(tag, description, interruptOnCancel=True)
+        if inputs is not None:
+            arrow_barrier(inputs, task, reads_input=True)
+            return
         rdd = self.sc.parallelize(range(tasks), tasks)
         rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
 
@@ -146,13 +100,3 @@ class ClassicApp:
             f"the SparkContext on {self.sc.master} stopped while the ranks ran (stopped by the application, "
             "or the cluster manager ended the application: see Spark's log above)"
         )
-
-
-def spark_app(spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> SparkApp:
-    """The application of ``spark``: a Spark Connect session's, or a classic session's SparkContext; its texts
-    name the runner as ``naming`` says."""
-    if is_connect(spark):
-        from .connect import ConnectApp
-
-        return ConnectApp(spark, tag, naming)  # type: ignore[arg-type]  # (is_connect: it is one)
-    return ClassicApp(spark.sparkContext, tag, naming)

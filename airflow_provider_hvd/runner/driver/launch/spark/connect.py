@@ -1,4 +1,4 @@
-"""The barrier job over Spark Connect (``sc://``): the :class:`.classic.SparkApp` of a Connect session.
+"""The barrier job over Spark Connect (``sc://``): the :class:`.app.SparkApp` of a Connect session.
 
 The client has no SparkContext: the conf is the session's (``spark.conf``, which reads the server's static
 settings too), the barrier job is ``spark.range(n).mapInArrow(..., barrier=True)`` under an operation tag
@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ....errors import LaunchError
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ..address import DriverAddress, connect_driver_address, is_loopback
+from .app import BarrierTask, JobStatus, arrow_barrier
 from .capacity import check_connect_slots, jvm_mebibytes, spark_bytes
-from .classic import BarrierTask, JobStatus
 from .cluster import is_local, session_conf
 from .connect_client import endpoint, interrupt_tag, is_tls
-from .status import Task
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
     from pyspark.sql.connect.session import SparkSession
+
+    from ...events import Task
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -38,7 +40,6 @@ PLAN_MARGIN_BYTES = 1024 * 1024  # the plan and the task's function around the j
 # the serialized task binary and its broadcast pieces): on a 1 GiB driver heap (the default) a job of 48 MiB
 # ran and one of 64 MiB ended the server's SparkContext (OutOfMemoryError). A job of at most 1/32 of the heap.
 HEAP_SHARE = 32
-_SCHEMA = "ended string"
 CANCEL_CALL_S = 10.0  # the interrupt's deadline (on the clean-up path: the server may be gone)
 
 
@@ -53,8 +54,8 @@ class NoStatus:
     def first_failure(self) -> str | None:
         return None
 
-    def reason(self, task: Task) -> str | None:
-        return None
+    def ended(self) -> dict[Task, str]:
+        return {}
 
     def tasks_active(self) -> bool:
         return False
@@ -71,18 +72,6 @@ class ShippedJob:
 
     def __call__(self) -> bytes:
         return self._job.pop()
-
-
-def _arrow_task(task: BarrierTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """``task`` as ``mapInArrow`` runs it: its lines as one-column record batches."""
-
-    def arrow_task(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        for ended in task(iter(())):  # (the partition's range rows go unread)
-            yield pa.RecordBatch.from_pydict({"ended": [ended]})
-
-    return arrow_task
 
 
 def server_url(spark: SparkSession) -> str:
@@ -178,11 +167,13 @@ class ConnectApp:
             raise job_too_large(len(payload), limit, bound_by, self.url)
         return ShippedJob(payload)
 
-    def run_barrier(self, tasks: int, task: BarrierTask, tag: str, description: str) -> None:
-        frame = self.spark.range(tasks, numPartitions=tasks).mapInArrow(_arrow_task(task), _SCHEMA, barrier=True)
+    def run_barrier(
+        self, tasks: int, task: BarrierTask, tag: str, description: str, inputs: DataFrame | None = None
+    ) -> None:
+        frame = self.spark.range(tasks, numPartitions=tasks) if inputs is None else inputs
         self.spark.addTag(tag)  # this thread's operations only
         try:
-            frame.collect()
+            arrow_barrier(frame, task, reads_input=inputs is not None)
         finally:
             self.spark.removeTag(tag)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...events import Task
 from .cluster import summary
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
-Task = tuple[int, int]  # (partition, attempt)
 _MAX_TASKS = 1 << 20
 
 
@@ -130,5 +130,6 @@ class BarrierJobStatus:
                 return found[min(found)]
         return None
 
-    def reason(self, task: Task) -> str | None:
-        return self.failed.get(task) or self.killed.get(task)
+    def ended(self) -> dict[Task, str]:
+        """Spark's reason for each task it ended: failed, else killed from outside the run."""
+        return {**self.killed, **self.failed}

@@ -1,0 +1,140 @@
+"""Where each rank was, from its Python stacks (faulthandler's dump), in words; and the files of the code shipped
+by value put back in those stacks (cloudpickle drops them)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..events import StalledRank
+
+FRAMES_SHOWN = 8  # of each rank's main thread, in the error
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_RANK_ENTRY = "airflow_provider_hvd/runner/rank/__main__.py"
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|/airflow_provider_hvd/|^<frozen ")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    @property
+    def is_user_code(self) -> bool:
+        """Not Python's library, an installed package or HorovodRunner: what the user wrote (a DAG file, a notebook)."""
+        return not _LIBRARY.search(self.file)
+
+    def __str__(self) -> str:
+        return f'File "{self.file}", line {self.line} in {self.func}'
+
+
+def threads_of(dump: str) -> list[list[Frame]]:
+    """Each thread's frames (innermost first, as faulthandler writes them) in a faulthandler dump."""
+    threads: list[list[Frame]] = []
+    for line in dump.splitlines():
+        if _THREAD.match(line):
+            threads.append([])
+        elif (frame := _FRAME.match(line)) and threads:
+            threads[-1].append(Frame(frame["file"], int(frame["line"]), frame["func"]))
+    return threads
+
+
+def main_thread(dump: str) -> list[Frame]:
+    """The frames of the thread running the job's ``main``, from ``main`` inwards (HorovodRunner's own cut off)."""
+    for frames in threads_of(dump):
+        entry = next((i for i, frame in enumerate(frames) if frame.file.endswith(_RANK_ENTRY)), None)
+        if entry is not None:
+            return frames[:entry]
+    return []
+
+
+def where_rank_was(rank: StalledRank) -> str:
+    """Where the rank was: the innermost frame of user code, then the innermost frames of its main thread."""
+    head = f"rank {rank.rank} (quiet for {rank.quiet_s:.0f}s)"
+    if rank.stacks is None:
+        return f"{head}: no stacks: {rank.no_stacks}"
+    frames = main_thread(rank.stacks)
+    if not frames:
+        return f"{head}: its main thread has no Python frame in its stacks:\n" + _indent(rank.stacks.strip())
+    mine = next((frame for frame in frames if frame.is_user_code), frames[0])
+    shown = frames[: max(FRAMES_SHOWN, frames.index(mine) + 2)]  # down to the user's frame and its caller
+    lines = [f"{head} was in {mine.func} ({mine.file}, line {mine.line})"]
+    lines += [f"    {frame}" for frame in shown]
+    if len(frames) > len(shown):
+        lines.append(f"    ... {len(frames) - len(shown)} outer frames")
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+def where_ranks_were(ranks: Sequence[StalledRank]) -> str:
+    return "\n".join(where_rank_was(rank) for rank in sorted(ranks, key=lambda r: (-r.quiet_s, r.rank)))
+
+
+# the files of code shipped by value (cloudpickle names it "<dynamic-code>")
+
+_DYNAMIC_FRAME = re.compile(r'File "<dynamic-code>", line (\d+) in (\S+)')
+_MAX_CODES = 2000
+
+
+class CodeFiles:
+    """Where the functions shipped by value were written: cloudpickle drops their file names (every frame of
+    them says ``<dynamic-code>``), but keeps their names and line numbers, so the driver can put the names back."""
+
+    def __init__(self, *roots: object) -> None:
+        self._spans: dict[str, list[tuple[int, int, str]]] = {}
+        seen: set[int] = set()
+        todo = list(roots)
+        while todo and len(seen) < _MAX_CODES:
+            obj = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            code = getattr(obj, "__code__", None)
+            if isinstance(obj, types.CodeType):
+                code, obj = obj, None
+            if code is None:
+                if isinstance(obj, (list, tuple)):
+                    todo.extend(obj)
+                elif isinstance(obj, dict):
+                    todo.extend(obj.values())
+                elif isinstance(obj, functools.partial):
+                    todo.extend((obj.func, obj.args, obj.keywords))
+                continue
+            lines = [line for _, _, line in code.co_lines() if line is not None]
+            self._spans.setdefault(code.co_name, []).append(
+                (min(lines, default=code.co_firstlineno), max(lines, default=code.co_firstlineno), code.co_filename)
+            )
+            todo.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+            if obj is not None:
+                names = getattr(obj, "__globals__", {})
+                todo.extend(names[name] for name in code.co_names if callable(names.get(name)))
+                todo.extend(cell.cell_contents for cell in getattr(obj, "__closure__", None) or () if _filled(cell))
+
+    def file_of(self, func: str, line: int) -> str | None:
+        files = {file for first, last, file in self._spans.get(func, ()) if first <= line <= last}
+        return files.pop() if len(files) == 1 else None
+
+    def restore(self, dump: str) -> str:
+        """``dump`` with each ``<dynamic-code>`` frame naming its file, where it is known."""
+
+        def real(match: re.Match[str]) -> str:
+            file = self.file_of(match[2], int(match[1]))
+            return f'File "{file}", line {match[1]} in {match[2]}' if file else match[0]
+
+        return _DYNAMIC_FRAME.sub(real, dump)
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
