@@ -152,7 +152,7 @@ class _Agent:
             else:
                 await asyncio.sleep(self.scenario.hold_s)
                 if rank == 0:
-                    writer.write(frame(Result(pickle.dumps({"ranks": start.horovod_env["HOROVOD_SIZE"]}))))
+                    writer.write(frame(Result(pickle.dumps({"ranks": start.env["HOROVOD_SIZE"]}))))
                 writer.write(frame(Done(exit_code=0, ok=True)))
             await writer.drain()
         except Exception as exc:  # noqa: BLE001 - reported to the test

@@ -15,6 +15,7 @@ from conftest import make_session
 from spark_cluster import StandaloneCluster
 
 from airflow_provider_hvd import HorovodRunner, LaunchError
+from airflow_provider_hvd.runner.driver.ranks.plan import gpus_by_node, plan_by_node
 from airflow_provider_hvd.runner.shared.gpus import host_gpus, visible_gpus
 
 
@@ -30,6 +31,31 @@ from airflow_provider_hvd.runner.shared.gpus import host_gpus, visible_gpus
 )
 def test_what_each_rank_sees(own, seen):
     assert visible_gpus(own) == seen
+
+
+@pytest.mark.parametrize(
+    "hosts", [["a", "a"], ["a", "b", "a", "c", "b"], ["a", "b", "b", "b"], ["x"] * 5 + ["y"], ["a", "b", "c"]]
+)
+def test_horovods_ranks_are_planned_as_horovod_assigns_hosts(hosts):
+    """Contiguous by host, in agent order; the cross rank and size per local rank, as Horovod's own assignment."""
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+    per_host = {host: hosts.count(host) for host in dict.fromkeys(hosts)}
+    horovods = get_host_assignments([HostInfo(host, slots) for host, slots in per_host.items()], len(hosts))
+    in_rank_order = sorted(range(len(hosts)), key=lambda agent: list(per_host).index(hosts[agent]))
+    expected = [vars(slot) for _, slot in sorted(zip(in_rank_order, horovods, strict=True))]
+    assert [vars(slot) for slot in plan_by_node(hosts, cross="local_rank")] == expected
+
+
+def test_torchs_ranks_are_planned_by_node_and_each_sees_the_gpus_of_its_node():
+    plan = plan_by_node(["task 0", "task 1", "task 0", "task 1"])
+    assert [(s.rank, s.local_rank, s.cross_rank, s.local_size, s.cross_size) for s in plan] == [
+        (0, 0, 0, 2, 2),
+        (2, 0, 1, 2, 2),
+        (1, 1, 0, 2, 2),
+        (3, 1, 1, 2, 2),
+    ]
+    assert gpus_by_node(plan, [["0"], ["2"], ["1"], ["3"]]) == [["0", "1"], ["2", "3"], ["0", "1"], ["2", "3"]]
 
 
 def fake_nvidia_smi(directory: Path, gpus: int) -> str:

@@ -166,7 +166,7 @@ def test_an_agent_whose_driver_goes_silent_ends_its_rank(pid_dir):
         while not messages:
             messages = [decode(kind, body) for kind, body in decoder.feed(conn.recv(1 << 16))]
         assert isinstance(messages[0], Hello)
-        conn.sendall(frame(Start(0, {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}, 1)))
+        conn.sendall(frame(Start(0, "Horovod", {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}, 1)))
         started = threading.Event()
 
         def beat_until_started() -> None:  # a live driver while the rank starts

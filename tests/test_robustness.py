@@ -17,6 +17,7 @@ from airflow_provider_hvd import HorovodRunner, RankFailedError
 from airflow_provider_hvd.runner.agent import rank_env
 from airflow_provider_hvd.runner.driver.launch.spark.cluster import is_local
 from airflow_provider_hvd.runner.driver.ranks import horovod as gloo_rendezvous
+from airflow_provider_hvd.runner.driver.ranks.plan import plan_by_node
 from airflow_provider_hvd.runner.driver.watch import channel
 from airflow_provider_hvd.runner.shared import wire
 
@@ -208,7 +209,7 @@ def put(address: tuple[str, int], body: bytes, source: str = "127.0.0.1") -> int
 def test_the_rendezvous_serves_only_this_runs_hosts_within_bounds(monkeypatch):
     monkeypatch.setattr(gloo_rendezvous, "REQUEST_TIMEOUT_S", 1.0)
     server = gloo_rendezvous.Rendezvous("127.0.0.1")
-    server.init(gloo_rendezvous.plan_ranks(["127.0.0.1"]), hosts=["127.0.0.1"])
+    server.init(plan_by_node(["127.0.0.1"], cross="local_rank"), hosts=["127.0.0.1"])
     address = ("127.0.0.1", server.port)
     try:
         assert put(address, b"value") == 200

@@ -178,7 +178,7 @@ def test_ranks_get_keras_2_unless_the_user_chose():
     from airflow_provider_hvd.runner.agent.rank_env import rank_environment
     from airflow_provider_hvd.runner.shared.messages import Hello, Start
 
-    hello, start = Hello(host="127.0.0.1", pid=1), Start(rank=0, horovod_env={}, local_size=1)
+    hello, start = Hello(host="127.0.0.1", pid=1), Start(rank=0, kind="Horovod", env={}, local_size=1)
     assert rank_environment({}, hello, start, False)["TF_USE_LEGACY_KERAS"] == "1"
     # the rank's own environment: spark.executorEnv.TF_USE_LEGACY_KERAS, or the driver's for local runs
     assert rank_environment({"TF_USE_LEGACY_KERAS": "0"}, hello, start, False)["TF_USE_LEGACY_KERAS"] == "0"

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from .driver.launch.launcher import Launcher
-    from .driver.ranks.torch import RankKind
+    from .driver.ranks.kind import RankKind
     from .driver.watch.supervisor import Supervisor
 
 VERBOSITIES = ("all", "log_callback_only")
@@ -339,9 +339,9 @@ class HorovodRunner(_Runner):
         return self._run_job(main, args, kwargs)
 
     def _rank_kind(self) -> RankKind:
-        from .driver.ranks.torch import HorovodKind
+        from .driver.ranks.kind import horovod_kind
 
-        return HorovodKind()  # LaunchError when Horovod is not installed
+        return horovod_kind()  # LaunchError when Horovod is not installed
 
     def _mlflow_params(self) -> dict[str, Any]:
         return {"np": self.num_processor, **super()._mlflow_params()}

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from .driver.launch.launcher import Launcher
-    from .driver.ranks.torch import RankKind
+    from .driver.ranks.kind import RankKind
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -157,9 +157,9 @@ class TorchDistributor(_Runner):
         return self._run_job(train_object, args, kwargs)
 
     def _rank_kind(self) -> RankKind:
-        from .driver.ranks.torch import TorchKind
+        from .driver.ranks.kind import torch_kind
 
-        return TorchKind()
+        return torch_kind()
 
     def _mlflow_params(self) -> dict[str, Any]:
         settings = {"num_processes": self.num_processes, "local_mode": self.local_mode, "use_gpu": self.use_gpu}

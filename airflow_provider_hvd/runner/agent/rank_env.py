@@ -20,10 +20,10 @@ from collections.abc import Mapping
 import psutil
 
 from ..rank.control import RANK_ENV
+from ..shared import torch_env
 from ..shared.gpus import gpu_env
 from ..shared.horovod_env import GLOO_IFACE
 from ..shared.messages import Hello, Start
-from ..shared.torch_env import IFACE_VARS, RUN_ID
 
 # Horovod 0.28.1's Keras integration works with Keras 2 only: tf.keras is Keras 2 (the tf-keras package) when this
 # is set before TensorFlow is imported. A rank's own setting (spark.executorEnv, the driver's for local runs) wins.
@@ -69,14 +69,14 @@ def rank_environment(
     env = {
         **keras_defaults(),
         **base,
-        **start.horovod_env,
+        **start.env,
         **gpu_env(gpus),
         GLOO_IFACE: iface,
         RANK_ENV: str(start.rank),
         "PYTHONUNBUFFERED": "1",
     }
-    if RUN_ID in start.horovod_env:  # a torch.distributed rank
-        env.update({name: iface for name in IFACE_VARS if name not in base})
+    if start.kind == torch_env.KIND:
+        env.update({name: iface for name in torch_env.IFACE_VARS if name not in base})
     if not (keep_omp_threads and "OMP_NUM_THREADS" in base):
         env["OMP_NUM_THREADS"] = str(omp_threads(hello, start.local_size))
     return env

@@ -7,11 +7,9 @@ settings (:func:`forwarded_settings`); the agent adds the Gloo interface (:data:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from horovod.runner.common.util.hosts import SlotInfo
-
+KIND = "Horovod"  # the rank kind, as the driver names it to the agent (Start.kind) and in its texts
 GLOO_IFACE = "HOROVOD_GLOO_IFACE"  # set by the agent: the interface that reaches the driver
 SLOT_VARS = (
     "HOROVOD_RANK",
@@ -30,7 +28,17 @@ SLOT_VARS = (
 RUNNER_SET = frozenset({*SLOT_VARS, GLOO_IFACE})
 
 
-def slot_env(slot: SlotInfo, rendezvous_host: str, rendezvous_port: int) -> dict[str, str]:
+class HorovodSlot(Protocol):
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int  # the host's index among those with a rank of this local rank (Horovod's cross communicator)
+    cross_size: int
+    hostname: str
+
+
+def slot_env(slot: HorovodSlot, rendezvous_host: str, rendezvous_port: int) -> dict[str, str]:
     """The environment that makes ``hvd.init()`` in a rank process join this run over Gloo."""
     values = (
         slot.rank,

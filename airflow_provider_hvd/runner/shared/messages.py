@@ -157,11 +157,12 @@ class AgentFailed(_ErrorReport):
 
 @dataclass(frozen=True)
 class Start(Message):
-    """Start the rank: its Horovod slot and the settings it runs with."""
+    """Start the rank: its kind, its slot and the settings it runs with."""
 
     KIND: ClassVar[Kind] = Kind.START
     rank: int
-    horovod_env: dict[str, str]  # what makes hvd.init() join this run, and the driver's forwarded HOROVOD_* settings
+    kind: str  # the rank kind: "Horovod" or "torch.distributed" (shared.horovod_env.KIND, shared.torch_env.KIND)
+    env: dict[str, str]  # what makes the rank join this run: HOROVOD_* (with the driver's own) or torchrun's
     local_size: int
     gpus: list[str] | None = None  # the GPUs the rank sees, in order (None: it was given none)
 

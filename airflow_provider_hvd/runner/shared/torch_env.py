@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-RUN_ID = "TORCHELASTIC_RUN_ID"  # present in every torch rank's environment (the agent looks for it)
+KIND = "torch.distributed"  # the rank kind, as the driver names it to the agent (Start.kind) and in its texts
+RUN_ID = "TORCHELASTIC_RUN_ID"  # torchrun's run id, in every torch rank's environment
 # set by the agent to the interface that reaches the driver, unless the rank's environment sets them
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 ROLE_NAME = "default"  # torchrun's default --role

@@ -1,21 +1,30 @@
-"""Horovod's own Gloo rendezvous server, bound to the driver's address, and the rank plan.
+"""Horovod's ranks (:class:`HorovodKind`): Horovod's own Gloo rendezvous server, bound to the driver's address, the
+rank plan by host (:mod:`.plan`) and the ``HOROVOD_*`` slot variables. Imports Horovod: loaded when a Horovod run
+starts (:func:`.kind.horovod_kind`).
 
-Hardened for a run: it answers only this run's hosts, takes bodies of at most :data:`MAX_BODY_BYTES`,
-and closes a connection that takes longer than :data:`REQUEST_TIMEOUT_S` (Gloo's requests are small).
+The rendezvous is hardened for a run: it answers only this run's hosts, takes bodies of at most
+:data:`MAX_BODY_BYTES`, and closes a connection that takes longer than :data:`REQUEST_TIMEOUT_S` (Gloo's requests
+are small).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-from ..launch.address import address_family
+from ...errors import LaunchError
+from ...shared.horovod_env import KIND, forwarded_settings, slot_env
+from ..launch.address import RENDEZVOUS, DriverAddress, address_family
+from .plan import Slot, plan_by_node
+
+if TYPE_CHECKING:
+    from ...shared.messages import Hello
 
 MAX_BODY_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 10.0
@@ -94,7 +103,7 @@ class Rendezvous:
         )
         self._thread.start()
 
-    def init(self, plan: list[SlotInfo], hosts: Iterable[str]) -> None:
+    def init(self, plan: Sequence[Slot], hosts: Iterable[str]) -> None:
         """Serve ``plan`` to the rank processes on ``hosts`` (their addresses as the driver sees them: the source
         addresses of their agents' connections, which differ from the agents' own behind a NAT)."""
         self._httpd.allowed = frozenset(hosts)
@@ -106,17 +115,41 @@ class Rendezvous:
         self._thread.join()
 
 
-def plan_ranks(hosts: list[str]) -> list[SlotInfo]:
-    """Give ranks to agents, ``hosts[i]`` being agent i's host; ranks on one host are contiguous.
+class HorovodKind:
+    """Horovod's ranks: its Gloo rendezvous server on the driver, the ``HOROVOD_*`` slot variables."""
 
-    Returns the slot of each agent, in agent order.
-    """
-    per_host: OrderedDict[str, list[int]] = OrderedDict()
-    for agent, host in enumerate(hosts):
-        per_host.setdefault(host, []).append(agent)
-    slots = get_host_assignments([HostInfo(host, len(agents)) for host, agents in per_host.items()], len(hosts))
-    by_agent: list[SlotInfo | None] = [None] * len(hosts)
-    agents_in_rank_order = [agent for agents in per_host.values() for agent in agents]
-    for agent, slot in zip(agents_in_rank_order, slots, strict=False):
-        by_agent[agent] = slot
-    return by_agent
+    name = KIND
+    unencrypted = (
+        "Horovod's Gloo traffic between the ranks (the tensors, and its rendezvous) cannot be encrypted by Horovod"
+    )
+
+    def __init__(self) -> None:
+        self._rendezvous: Rendezvous | None = None
+
+    def open(self, driver: DriverAddress) -> str:
+        if address_family(driver.advertised) == socket.AF_INET6:
+            raise LaunchError(
+                f"Horovod's ranks cannot reach the driver at {driver.advertised} "
+                f"({driver.address_settings or 'loopback'}): Horovod's Gloo rendezvous takes IPv4 only (its ranks' "
+                f"HTTP client). Set {driver.host_setting} to an IPv4 address of this host that the executors reach "
+                "(TorchDistributor's ranks work over IPv6 too)."
+            )
+        self._rendezvous = driver.listen(RENDEZVOUS, lambda host, port: Rendezvous(host, port, driver.advertised))
+        return f"Gloo rendezvous on {driver.describe(self._rendezvous.port)}"
+
+    def plan(self, hellos: Sequence[Hello], peers: Sequence[str]) -> Sequence[Slot]:
+        assert self._rendezvous is not None
+        plan = plan_by_node([hello.host for hello in hellos], cross="local_rank")  # as Horovod assigns hosts
+        self._rendezvous.init(plan, peers)
+        return plan
+
+    def env(self, slot: Slot) -> dict[str, str]:
+        assert self._rendezvous is not None
+        return {
+            **forwarded_settings(os.environ),
+            **slot_env(slot, self._rendezvous.host, self._rendezvous.port),
+        }
+
+    def close(self) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.stop()

@@ -6,10 +6,10 @@ import dataclasses
 import logging
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from ...shared.gpus import GPU, visible_gpus
+from ...shared.gpus import GPU
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
 from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
@@ -32,7 +32,8 @@ from ..events import (
 )
 from ..launch.address import CHANNEL
 from ..launch.launcher import Launcher
-from ..ranks.torch import HorovodKind, RankKind, Slot
+from ..ranks.kind import RankKind, horovod_kind
+from ..ranks.plan import gpus_by_node
 from ..tracking.progress import RunProgress
 from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
 from ..verdict.outcome import Phase, RunOutcome
@@ -84,7 +85,7 @@ class Supervisor:
         self._returned: set[int] = set()  # ids of connections whose rank's main returned (it may still be exiting)
         self._exit_timeout_s = exit_timeout_s  # the ranks' exit work once every rank returned (.exits)
         self._outcome = RunOutcome(self.size)
-        self._kind: RankKind = kind or HorovodKind()
+        self._kind: RankKind = kind or horovod_kind()
         self._kind_open = False
         self._progress = progress or RunProgress()
         self._liveness = liveness or Liveness()
@@ -403,27 +404,15 @@ class Supervisor:
         self._agents.sort(key=lambda conn: (conn.hello.partition or 0, conn.hello.process))  # type: ignore[union-attr]
         hellos = [conn.hello for conn in self._agents if conn.hello is not None]
         plan = self._kind.plan(hellos, [conn.peer_host for conn in self._agents])
-        gpus = self._visible_gpus(plan)
+        gpus = gpus_by_node(plan, [hello.resources.get(GPU, []) for hello in hellos])
         for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
             env = {**self._kind.env(slot), **self._progress.rank_env()}
             if self._tracking is not None:
                 env.update(self._tracking.rank_env(slot.rank))
-            start = Start(slot.rank, env, slot.local_size, seen)
+            start = Start(slot.rank, self._kind.name, env, slot.local_size, seen)
             try:
                 conn.start(start)
             except OSError:
                 pass  # it is gone: its connection's end is on its way as an event
         self._outcome.started()
         log.info("%s: %d ranks started (%s)", self._runner, self.size, self.launcher.describe())
-
-    def _visible_gpus(self, plan: Sequence[Slot]) -> list[list[str] | None]:
-        """The GPUs each agent's rank sees, from those given to the ranks on its host (:mod:`...shared.gpus`)."""
-        by_host: dict[str, list[int]] = {}
-        for agent, slot in sorted(enumerate(plan), key=lambda pair: pair[1].local_rank):
-            by_host.setdefault(slot.hostname, []).append(agent)
-        seen: list[list[str] | None] = [None] * len(plan)
-        for agents in by_host.values():
-            own = [self._agents[agent].hello.resources.get(GPU, []) for agent in agents]  # type: ignore[union-attr]
-            for agent, gpus in zip(agents, visible_gpus(own), strict=False):
-                seen[agent] = gpus
-        return seen
