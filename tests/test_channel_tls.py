@@ -113,7 +113,7 @@ def test_a_torch_distributed_run_that_encrypts_has_a_tls_channel_and_says_what_t
 
 
 def test_the_warning_comes_once_per_process_and_only_when_spark_encrypts(caplog, fresh_warning):
-    from airflow_provider_hvd.runner.driver.ranks.torch import HorovodKind
+    from airflow_provider_hvd.runner.driver.ranks.horovod import HorovodKind
 
     encryption.warn_if_spark_encrypted({"spark.network.crypto.enabled": "false"}.get)
     assert not caplog.records
