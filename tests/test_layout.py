@@ -4,6 +4,7 @@ Airflow layer on the runner's public face only."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,3 +103,33 @@ def test_the_launchers_know_nothing_of_the_supervision():
 
 def test_the_run_events_import_nothing_of_the_driver():
     assert not {name for name in GRAPH[f"{DRIVER}.events"] if name.startswith(DRIVER)}
+
+
+AIRFLOW_LAYER = ("hooks", "operators", "decorators", "plugins")
+
+
+def test_the_airflow_layer_uses_only_the_runners_public_face():
+    """hooks/, operators/, decorators/ and plugins/ import ``airflow_provider_hvd.runner`` and the modules directly
+    in it (its settings, its Spark helpers, MLflow's settings), never the driver, the agent, the rank or shared/."""
+    public = {f"{PACKAGE}.runner"} | {
+        name for name, (path, is_package) in MODULES.items() if not is_package and path.parent.name == "runner"
+    }
+    layer = [name for name in MODULES if name.split(".")[1] in AIRFLOW_LAYER]
+    assert len(layer) > 10 and f"{PACKAGE}.runner.settings" in public
+    beyond = {
+        name: sorted(m for m in GRAPH[name] if m.startswith(f"{PACKAGE}.runner") and m not in public) for name in layer
+    }
+    assert not {name: found for name, found in beyond.items() if found}
+
+
+def test_each_run_setting_is_declared_once_with_its_keyword_and_its_docs():
+    """RunSettings declares the run settings (their defaults, checks, docs); RunOptions types the same keywords."""
+    import dataclasses
+    import inspect
+
+    from airflow_provider_hvd.runner.settings import RunOptions, RunSettings
+
+    names = [field.name for field in dataclasses.fields(RunSettings)]
+    assert list(RunOptions.__annotations__) == names
+    documented = re.findall(r"^:param (\w+):", inspect.getdoc(RunSettings), re.MULTILINE)
+    assert [name for name in documented if name in names] == names

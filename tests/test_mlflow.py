@@ -18,7 +18,7 @@ from test_channel_tls import RecordingProxy
 
 from airflow_provider_hvd.runner import HorovodRunner, RankFailedError, RunCancelledError, TorchDistributor
 from airflow_provider_hvd.runner.driver.tracking import mlflow_run
-from airflow_provider_hvd.runner.driver.tracking.mlflow_run import MlflowSettings, mlflow_settings
+from airflow_provider_hvd.runner.mlflow_settings import MlflowSettings, mlflow_settings
 from airflow_provider_hvd.runner.shared.messages import Metrics
 from airflow_provider_hvd.runner.shared.timing import FINAL_WRITE_S
 

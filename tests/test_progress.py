@@ -12,7 +12,8 @@ import pytest
 from progress_jobs import log_many_metrics, train_resumable
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, last_checkpoint, log_metrics, report_checkpoint
-from airflow_provider_hvd.runner.driver.tracking.progress import SNAPSHOT_MAX_BYTES, MetricSeries, MetricsHistory
+from airflow_provider_hvd.runner.driver.tracking.progress import MetricSeries, MetricsHistory
+from airflow_provider_hvd.runner.settings import SNAPSHOT_MAX_BYTES
 
 
 class RecordingSink:

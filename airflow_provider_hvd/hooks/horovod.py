@@ -7,8 +7,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 from urllib.parse import quote, urlparse
 
 from airflow.sdk import BaseHook
@@ -29,11 +28,14 @@ from airflow_provider_hvd.hooks.spark_connect import (
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
-from airflow_provider_hvd.runner.driver.launch.address import CONNECT_BIND_CONF, CONNECT_HOST_CONF
-from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S
-from airflow_provider_hvd.runner.driver.launch.spark.cluster import default_executor_python, standalone_masters, summary
-from airflow_provider_hvd.runner.driver.tracking.progress import ProgressSink
-from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
+from airflow_provider_hvd.runner.settings import RunOptions, takes_run_settings
+from airflow_provider_hvd.runner.spark import (
+    CONNECT_BIND_CONF,
+    CONNECT_HOST_CONF,
+    default_executor_python,
+    standalone_masters,
+    summary,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -41,8 +43,6 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    from airflow_provider_hvd.runner.driver.tracking.mlflow_run import MlflowSettings
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
 _EXTRA_TO_CONF = {
@@ -436,6 +436,7 @@ class HorovodHook(BaseHook):
                 raise error from None  # the JVM's stack trace would bury the reason
             raise error from exc  # a bug: its traceback is what tells
 
+    @takes_run_settings()
     def run(
         self,
         python_callable: Callable[..., Any],
@@ -443,33 +444,18 @@ class HorovodHook(BaseHook):
         kwargs: dict[str, Any] | None = None,
         *,
         np: int,
-        driver_log_verbosity: str = "log_callback_only",
-        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
-        resume_from: dict[str, Any] | str | None = None,
-        progress_sink: ProgressSink | None = None,
-        stall_timeout: float | timedelta | None = None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
+        **settings: Unpack[RunOptions],
     ) -> Any:
         """Run ``python_callable(*args, **kwargs)`` on ``np`` Horovod ranks; return rank 0's value.
 
         ``np > 0`` runs a Spark barrier job on the connection's cluster (the session is stopped afterwards
         if this hook started it), waiting up to ``slot_wait_timeout`` seconds for a busy cluster's task
         slots (over Spark Connect without the server's Spark UI, up to the ranks' start timeout, 120 s);
-        ``np < 0`` runs the ranks in this process's host, without Spark. ``resume_from``, ``progress_sink``,
-        ``stall_timeout``, ``exit_timeout`` and ``mlflow`` are :class:`HorovodRunner`'s; the runner stays at
-        ``runner`` afterwards (its ``metrics``, ``checkpoint``, ``mlflow_run_url``).
+        ``np < 0`` runs the ranks in this process's host, without Spark. The other parameters are the run
+        settings, :class:`HorovodRunner`'s (:class:`~airflow_provider_hvd.runner.settings.RunSettings`); the
+        runner stays at ``runner`` afterwards (its ``metrics``, ``checkpoint``, ``mlflow_run_url``).
         """
-        runner = HorovodRunner(
-            np=np,
-            driver_log_verbosity=driver_log_verbosity,
-            slot_wait_timeout=slot_wait_timeout,
-            resume_from=resume_from,
-            progress_sink=progress_sink,
-            stall_timeout=stall_timeout,
-            exit_timeout=exit_timeout,
-            mlflow=mlflow,
-        )
+        runner = HorovodRunner(np=np, **settings)
         return self.run_job(runner, lambda: runner.run_with_args(python_callable, args, kwargs or {}), local=np < 0)
 
     def run_job(self, runner: JobRunner, job: Callable[[], Any], *, local: bool) -> Any:

@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_hvd.runner.driver.tracking.mlflow_run import (
-    MAPPING_KEYS,
+from airflow_provider_hvd.runner.mlflow_settings import (
     TRACKING_URI_ENV,
     MlflowSettings,
     credentials,
+    mlflow_option,
     mlflow_settings,
 )
 
@@ -28,23 +28,6 @@ if TYPE_CHECKING:
 MLFLOW_KEY = "hvd_mlflow"
 
 log = logging.getLogger(__name__)
-
-
-def check_mlflow_option(value: object) -> dict[str, Any] | None:
-    """``mlflow=`` as the operator keeps it: None when off (None, False), ``{}`` for True, else the dict, checked
-    as the runner checks it (at parse time, and once rendered): a ValueError naming what is wrong."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            f"mlflow must be True, a dict with keys among {list(MAPPING_KEYS)}, or None, not "
-            f"{type(value).__name__} {value!r}: e.g. mlflow={{'tracking_uri': 'http://mlflow:5000', "
-            "'experiment_name': 'vision'}"
-        )
-    mlflow_settings(value)
-    return dict(value)
 
 
 def mask_credentials(option: Mapping[str, Any] | None) -> None:
@@ -94,7 +77,8 @@ def earlier_run_id(store: StateStore | None, try_number: int | None) -> str | No
 class TryMlflowRun:
     """The MLflow run of one try: its settings for the runner, and where it is recorded once created.
 
-    :param option: ``mlflow=`` as :func:`check_mlflow_option` returns it (not None).
+    :param option: ``mlflow=`` as :func:`~airflow_provider_hvd.runner.mlflow_settings.mlflow_option` returns it
+        (not None).
     :param store: the task state store (None before Airflow 3.3: no link to the earlier try then).
     :param publish: called with the run's URL once it is created (the operator's link, while the try runs).
     """
@@ -111,7 +95,7 @@ class TryMlflowRun:
         store: StateStore | None,
         publish: Callable[[str], None] | None = None,
     ) -> None:
-        check_mlflow_option(option)  # as rendered
+        mlflow_option(option)  # as rendered
         mask_credentials(option)
         self._settings = mlflow_settings(dict(option)) or MlflowSettings()
         self.tags = {**self._settings.tags, **airflow_tags(dag_id, task_id, run_id, try_number, map_index)}

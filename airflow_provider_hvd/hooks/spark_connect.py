@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from airflow_provider_hvd.runner.driver.launch.spark.connect_client import bound_release
 from airflow_provider_hvd.runner.errors import LaunchError
+from airflow_provider_hvd.runner.spark import bound_release
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from airflow_provider_hvd.runner.driver.launch.spark.cluster import summary
+from airflow_provider_hvd.runner.spark import summary
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaGateway

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_hvd.runner.driver.launch.spark.cluster import session_conf, state_of, web_ui_of
-from airflow_provider_hvd.runner.driver.launch.spark.server_ui import server_ui
+from airflow_provider_hvd.runner.spark import server_ui, session_conf, state_of, web_ui_of
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -81,7 +80,7 @@ def connect_ui_url(spark: ConnectSession, history_server: str | None = None) -> 
     """The page of a Spark Connect server's application, and why there is none when it is None.
 
     As :func:`lasting_ui_url` for the server's application (a History Server, YARN's proxy, the standalone
-    master's application page), else the jobs page of the server's own UI (``runner.driver.server_ui``).
+    master's application page), else the jobs page of the server's own UI (``runner.spark.server_ui``).
     """
     conf = session_conf(spark)
     app_id = conf("spark.app.id")

@@ -33,7 +33,7 @@ class StateStore(Protocol):
 
 
 class TaskStateProgress:
-    """A :class:`~airflow_provider_hvd.runner.driver.progress.ProgressSink` on the task state store of one try."""
+    """A :class:`~airflow_provider_hvd.runner.settings.ProgressSink` on the task state store of one try."""
 
     def __init__(self, store: StateStore, try_number: int | None) -> None:
         self._store = store
@@ -84,7 +84,7 @@ def snapshot_budget() -> int:
     """The most a metrics snapshot may take: 60,000 bytes, less where ``max_value_storage_bytes`` is lower."""
     from airflow.configuration import conf
 
-    from airflow_provider_hvd.runner.driver.tracking.progress import SNAPSHOT_MAX_BYTES
+    from airflow_provider_hvd.runner.settings import SNAPSHOT_MAX_BYTES
 
     limit = conf.getint("state_store", "max_value_storage_bytes", fallback=65535)
     return SNAPSHOT_MAX_BYTES if limit <= 0 else max(1000, min(SNAPSHOT_MAX_BYTES, limit - 500))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import timedelta
 from typing import Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import MlflowRunLink, SparkUILink, TrainingJobOperator
-from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S
-from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
-from airflow_provider_hvd.runner.runner import HorovodRunner
+from airflow_provider_hvd.runner import HorovodRunner
+from airflow_provider_hvd.runner.settings import takes_run_settings
 
 __all__ = ["HorovodRunnerOperator", "MlflowRunLink", "SparkUILink"]
 
@@ -22,33 +20,23 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param op_args: positional arguments (templated).
     :param op_kwargs: keyword arguments (templated).
     :param np: ranks: ``np > 0`` a Spark barrier job on the connection's cluster, ``np < 0`` local processes.
-    :param driver_log_verbosity: ``"log_callback_only"`` (default) or ``"all"``: which rank output reaches
-        the task log.
     :param conn_id: the ``spark`` connection (default ``spark_default``; templated), or a ``spark_connect`` one: the
         job then runs on that Spark Connect server, in a session of its own.
     :param spark_conf: Spark settings on top of the connection's (templated).
-    :param slot_wait_timeout: seconds to wait for ``np`` free task slots on a busy cluster (default 600)
-        before failing; a job that can never fit the cluster fails at once. Over Spark Connect the free slots
-        are counted by the server's Spark UI; where it is off, the ranks' start timeout (120 s) bounds the wait.
-    :param stall_timeout: seconds or a timedelta (default None: off). When no rank has written output or reported
-        progress for that long, the task log gets every rank's Python stacks, the ranks are ended and the task
-        fails with :class:`RunStalledError` saying where each rank was. Airflow's ``execution_timeout`` and
-        marking the task failed also log where the ranks were before ending them.
-    :param exit_timeout: seconds or a timedelta (default 120): once every rank's function returned, the task has
-        succeeded, and the ranks' exit work (``atexit`` handlers, trackers' flushes) may take this long; a rank
-        still exiting then is ended with a warning naming it, and the task still succeeds.
-    :param mlflow: track each try as an MLflow run (default None: off): True (the tracking URI from
-        ``MLFLOW_TRACKING_URI``), or a dict of ``tracking_uri``, ``experiment_name``, ``run_name`` (default
-        ``<dag_id>.<task_id>``, with ``[map_index]`` when mapped) and ``tags`` (templated). The run is tagged
-        ``airflow.dag_id``, ``airflow.task_id``, ``airflow.run_id``, ``airflow.try_number``, ``airflow.map_index``;
-        a retry's run is tagged ``hvd.previous_run_id`` with the earlier try's. The "MLflow run" link and the
-        Training tab lead to it (see docs/mlflow-openlineage.md).
     :param openlineage_inject_parent_job_info: give the Spark session OpenLineage's parent job, this task
         (``spark.openlineage.parentJobName``, ``parentRunId``, ``rootParent*``...), as the apache-spark provider's
         operators do (default None: the ``[openlineage] spark_inject_parent_job_info`` setting, False unless set).
     :param openlineage_inject_transport_info: give it OpenLineage's HTTP transport
         (``spark.openlineage.transport.*``; default None: ``[openlineage] spark_inject_transport_info``). Both
         need the OpenLineage provider, and apply to a session the task starts (see docs/mlflow-openlineage.md).
+
+    The other parameters are the run settings a task takes (those of HorovodRunner,
+    :class:`~airflow_provider_hvd.runner.settings.RunSettings`; ``mlflow`` a dict, as it is templated). Beside
+    ``stall_timeout``, Airflow's ``execution_timeout`` and marking the task failed also log where the ranks were
+    before ending them. With ``mlflow``, each try is an MLflow run: its name by default ``<dag_id>.<task_id>``
+    (with ``[map_index]`` when mapped), tagged ``airflow.dag_id``, ``airflow.task_id``, ``airflow.run_id``,
+    ``airflow.try_number``, ``airflow.map_index``; a retry's run is tagged ``hvd.previous_run_id`` with the
+    earlier try's. The "MLflow run" link and the Training tab lead to it (see docs/mlflow-openlineage.md).
 
     Progress goes to the task state store while the job runs (Airflow 3.3+): rank 0's ``log_metrics``
     history under ``hvd_metrics``, the last ``report_checkpoint`` under ``hvd_checkpoint``. On a retry,
@@ -58,6 +46,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
     kind: ClassVar[str] = "Horovod"
     template_fields: Sequence[str] = (*TrainingJobOperator.template_fields, "np")
 
+    @takes_run_settings(task=True)
     def __init__(
         self,
         *,
@@ -65,13 +54,8 @@ class HorovodRunnerOperator(TrainingJobOperator):
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
         np: int | str,
-        driver_log_verbosity: str = "log_callback_only",
         conn_id: str = HorovodHook.default_conn_name,
         spark_conf: dict[str, Any] | None = None,
-        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
-        stall_timeout: float | timedelta | None = None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
@@ -80,13 +64,8 @@ class HorovodRunnerOperator(TrainingJobOperator):
             python_callable=python_callable,
             op_args=op_args,
             op_kwargs=op_kwargs,
-            driver_log_verbosity=driver_log_verbosity,
             conn_id=conn_id,
             spark_conf=spark_conf,
-            slot_wait_timeout=slot_wait_timeout,
-            stall_timeout=stall_timeout,
-            exit_timeout=exit_timeout,
-            mlflow=mlflow,
             openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
             openlineage_inject_transport_info=openlineage_inject_transport_info,
             **kwargs,

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import TrainingJobOperator
-from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S
-from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
+from airflow_provider_hvd.runner.settings import PYSPARK_DEFAULTS, takes_run_settings
 
 if TYPE_CHECKING:
     from airflow_provider_hvd.runner.torch_distributor import TorchDistributor
@@ -27,23 +25,18 @@ class TorchDistributorOperator(TrainingJobOperator):
     :param local_mode: True (default, as PySpark's): the processes run on the Airflow worker's host, without
         Spark. False: a Spark barrier job on the connection's cluster.
     :param use_gpu: one GPU per process (default True, as PySpark's); pass False to train on CPUs.
-    :param driver_log_verbosity: ``"all"`` (default, as PySpark's ``TorchDistributor``: every line the processes
-        write) or ``"log_callback_only"`` (only ``log_to_driver`` messages): which output reaches the task log
-        (``local_mode=False``; local processes' output always does).
     :param conn_id: the ``spark`` connection (default ``spark_default``; templated), or a ``spark_connect`` one,
         for ``local_mode=False``.
     :param spark_conf: Spark settings on top of the connection's (templated), e.g.
         ``{"spark.task.resource.gpu.amount": "1"}``.
-    :param slot_wait_timeout: seconds to wait for free task slots on a busy cluster (default 600); over Spark
-        Connect where the server's Spark UI is off, the ranks' start timeout (120 s) bounds the wait.
-    :param stall_timeout: seconds or a timedelta (default None: off): as :class:`HorovodRunnerOperator`'s.
-    :param exit_timeout: seconds or a timedelta (default 120) for the processes' exit work once every one
-        returned: as :class:`HorovodRunnerOperator`'s.
-    :param mlflow: track each try as an MLflow run (default None: off): as :class:`HorovodRunnerOperator`'s.
     :param openlineage_inject_parent_job_info: OpenLineage's parent job in the Spark session's settings
         (default None: ``[openlineage] spark_inject_parent_job_info``): as :class:`HorovodRunnerOperator`'s.
     :param openlineage_inject_transport_info: OpenLineage's transport there (default None: ``[openlineage]
         spark_inject_transport_info``): as :class:`HorovodRunnerOperator`'s.
+
+    The other parameters are the run settings a task takes, as :class:`HorovodRunnerOperator`'s;
+    ``driver_log_verbosity`` is ``"all"`` by default (PySpark's ``TorchDistributor``: every line the processes
+    write reaches the task log; local processes' output always does).
 
     Progress, resume on retry, ``on_kill``, the Spark UI link and the MLflow run are as
     :class:`HorovodRunnerOperator`'s.
@@ -52,6 +45,9 @@ class TorchDistributorOperator(TrainingJobOperator):
     kind: ClassVar[str] = "torch.distributed"
     template_fields: Sequence[str] = (*TrainingJobOperator.template_fields, "num_processes")
 
+    run_defaults = PYSPARK_DEFAULTS
+
+    @takes_run_settings(task=True, **PYSPARK_DEFAULTS)
     def __init__(
         self,
         *,
@@ -61,13 +57,8 @@ class TorchDistributorOperator(TrainingJobOperator):
         num_processes: int | str = 1,
         local_mode: bool = True,
         use_gpu: bool = True,
-        driver_log_verbosity: str = "all",
         conn_id: str = HorovodHook.default_conn_name,
         spark_conf: dict[str, Any] | None = None,
-        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
-        stall_timeout: float | timedelta | None = None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
@@ -76,13 +67,8 @@ class TorchDistributorOperator(TrainingJobOperator):
             python_callable=python_callable,
             op_args=op_args,
             op_kwargs=op_kwargs,
-            driver_log_verbosity=driver_log_verbosity,
             conn_id=conn_id,
             spark_conf=spark_conf,
-            slot_wait_timeout=slot_wait_timeout,
-            stall_timeout=stall_timeout,
-            exit_timeout=exit_timeout,
-            mlflow=mlflow,
             openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
             openlineage_inject_transport_info=openlineage_inject_transport_info,
             **kwargs,

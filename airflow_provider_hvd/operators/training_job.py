@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
-from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, check_mlflow_option, mask_credentials
+from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, mask_credentials
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.operators.openlineage import (
     PARENT_JOB_SETTING,
@@ -25,11 +24,8 @@ from airflow_provider_hvd.operators.openlineage import (
     inject_setting,
     openlineage_properties,
 )
-from airflow_provider_hvd.runner.driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
-from airflow_provider_hvd.runner.driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
-from airflow_provider_hvd.runner.driver.watch.stalls import check_stall_timeout
 from airflow_provider_hvd.runner.errors import RunCancelledError
-from airflow_provider_hvd.runner.runner import check_verbosity
+from airflow_provider_hvd.runner.settings import RunSettings, takes_run_settings, task_setting_names
 
 if TYPE_CHECKING:
     import jinja2
@@ -83,36 +79,34 @@ class TrainingJobOperator(BaseOperator):
     operator_extra_links = (SparkUILink(), MlflowRunLink())
     ui_color = "#e8f0fe"
 
+    #: the run settings' defaults where this operator's runner has its own (TorchDistributor's: PySpark's)
+    run_defaults: ClassVar[dict[str, Any]] = {}
+    mlflow: dict[str, Any] | None  # (a run setting, as the others an attribute set by __init__: templated)
+
+    @takes_run_settings(task=True)
     def __init__(
         self,
         *,
         python_callable: Callable[..., Any],
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
-        driver_log_verbosity: str = "log_callback_only",
         conn_id: str = HorovodHook.default_conn_name,
         spark_conf: dict[str, Any] | None = None,
-        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
-        stall_timeout: float | timedelta | None = None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        self.exit_timeout = check_exit_timeout(exit_timeout)  # at parse time, not when the task runs
-        self.mlflow = check_mlflow_option(mlflow)
+        # the run settings a task takes (RunSettings), checked at parse time, not when the task runs; each is an
+        # attribute, which templating renders (mlflow)
+        for name, value in RunSettings.task_options(kwargs, **self.run_defaults).items():
+            setattr(self, name, value)
         mask_credentials(self.mlflow)
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise TypeError(f"python_callable must be callable, not {type(python_callable).__name__}")
-        check_verbosity(driver_log_verbosity)  # at parse time, not when the task runs
-        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
-        self.stall_timeout = check_stall_timeout(stall_timeout)
         self.python_callable = python_callable
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
-        self.driver_log_verbosity = driver_log_verbosity
         self.conn_id = conn_id
         self.spark_conf = spark_conf or {}
         # None: the [openlineage] setting of the worker that runs the task, read then
@@ -129,9 +123,9 @@ class TrainingJobOperator(BaseOperator):
         mask_credentials(self.mlflow)  # a rendered tracking URI's password: before Airflow keeps the rendered fields
 
     def make_runner(self, **common: Any) -> JobRunner:
-        """The runner of this task's job, from the (rendered) operator's own fields and ``common``: the
-        ``driver_log_verbosity``, ``slot_wait_timeout``, ``stall_timeout``, ``exit_timeout``, ``resume_from`` and
-        ``progress_sink`` every runner takes, and ``mlflow`` (an ``MlflowSettings``) when the task tracks its run."""
+        """The runner of this task's job, from the (rendered) operator's own fields and ``common``: the run settings
+        every runner takes (:class:`~airflow_provider_hvd.runner.settings.RunSettings`), ``mlflow`` an
+        ``MlflowSettings`` when the task tracks its run."""
         raise NotImplementedError
 
     def runs_locally(self) -> bool:
@@ -173,10 +167,7 @@ class TrainingJobOperator(BaseOperator):
         self.mlflow_run = self._mlflow_run(context)
         tracking = {"mlflow": self.mlflow_run.settings()} if self.mlflow_run else {}
         self._runner = runner = self.make_runner(
-            driver_log_verbosity=self.driver_log_verbosity,
-            slot_wait_timeout=self.slot_wait_timeout,
-            stall_timeout=self.stall_timeout,
-            exit_timeout=self.exit_timeout,
+            **{name: getattr(self, name) for name in task_setting_names()},
             resume_from=progress.last_checkpoint() if progress else None,
             progress_sink=progress,
             **tracking,

@@ -28,8 +28,8 @@ from sqlalchemy import select
 from airflow_provider_hvd.hooks.mlflow_runs import MLFLOW_KEY
 from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
 from airflow_provider_hvd.plugins.charts import charts_html
-from airflow_provider_hvd.runner.driver.tracking.mlflow_run import without_user
-from airflow_provider_hvd.runner.driver.tracking.progress import describe_checkpoint
+from airflow_provider_hvd.runner.mlflow_settings import without_user
+from airflow_provider_hvd.runner.settings import describe_checkpoint
 
 FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
 REFRESH_S = 3

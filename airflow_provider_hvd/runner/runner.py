@@ -8,23 +8,21 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.barrier import SparkLauncher
-from .driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout
 from .driver.launch.spark.cluster import active_session, session_conf
 from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
-from .driver.tracking.mlflow_run import MlflowRun, MlflowSettings, import_mlflow, mlflow_settings, start_mlflow_run
-from .driver.tracking.progress import ProgressSink, RunProgress, describe_checkpoint, resume_value
-from .driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout
+from .driver.tracking.mlflow_run import MlflowRun, start_mlflow_run
+from .driver.tracking.progress import RunProgress
 from .driver.verdict.stacks import CodeFiles
 from .driver.watch.channel import rank_log
-from .driver.watch.stalls import check_stall_timeout
 from .errors import RunCancelledError
+from .mlflow_settings import import_mlflow
+from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
 from .shared.liveness import liveness_settings, warn_if_gloo_first
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
@@ -36,8 +34,6 @@ if TYPE_CHECKING:
     from .driver.ranks.kind import RankKind
     from .driver.watch.supervisor import Supervisor
 
-VERBOSITIES = ("all", "log_callback_only")
-
 
 def _supervisor_class() -> type[Supervisor]:
     """The driver's supervisor, imported when a run starts (not when the runner is)."""
@@ -47,11 +43,6 @@ def _supervisor_class() -> type[Supervisor]:
 
 
 log = logging.getLogger("airflow_provider_hvd.runner")
-
-
-def check_verbosity(driver_log_verbosity: str) -> None:
-    if driver_log_verbosity not in VERBOSITIES:
-        raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
 
 
 _console_lock = threading.Lock()
@@ -124,29 +115,15 @@ class _Runner:
         """The session a Spark run uses: the one handed to :meth:`_on_session`, else the active one."""
         return self._session if self._session is not None else active_session(self.naming.runner)
 
-    def _settings(
-        self,
-        driver_log_verbosity: str,
-        slot_wait_timeout: float,
-        resume_from: dict[str, Any] | str | None,
-        progress_sink: ProgressSink | None,
-        stall_timeout: float | timedelta | None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
-    ) -> None:
-        """Check and keep the settings both runners take."""
-        self.mlflow = mlflow_settings(mlflow)
-        if self.mlflow is not None:
+    def _settings(self, settings: RunSettings) -> None:
+        """Keep the settings both runners take (checked: :class:`.settings.RunSettings`), each as an attribute too."""
+        if settings.mlflow is not None:
             import_mlflow()  # ImportError naming the extra, before any run
+        self.settings = settings
+        for field in fields(settings):
+            setattr(self, field.name, getattr(settings, field.name))
         self.mlflow_run_id: str | None = None
         self.mlflow_run_url: str | None = None
-        check_verbosity(driver_log_verbosity)
-        self.exit_timeout = check_exit_timeout(exit_timeout)
-        self.slot_wait_timeout = check_slot_wait_timeout(slot_wait_timeout)
-        self.stall_timeout = check_stall_timeout(stall_timeout)
-        self.driver_log_verbosity = driver_log_verbosity
-        self.resume_from = resume_value(resume_from)
-        self.progress_sink = progress_sink
         self.metrics: dict[str, list[tuple[float, float | None]]] = {}
         self.checkpoint: dict[str, Any] | None = None
         self._runs: list[_Run] = []
@@ -160,13 +137,7 @@ class _Runner:
 
     def _mlflow_params(self) -> dict[str, Any]:
         """The settings an MLflow run records as its params (each runner adds its own)."""
-        return {
-            "driver_log_verbosity": self.driver_log_verbosity,
-            "slot_wait_timeout": self.slot_wait_timeout,
-            "stall_timeout": self.stall_timeout,
-            "exit_timeout": self.exit_timeout,
-            "resume_from": None if self.resume_from is None else self.resume_from.get("path"),
-        }
+        return self.settings.mlflow_params()
 
     def _run_job(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value."""
@@ -188,8 +159,9 @@ class _Runner:
             liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s, runner)
             if kind.name == "Horovod":  # (Horovod's Gloo timeout; torch's own default is 30 minutes)
                 warn_if_gloo_first(liveness, os.environ)
+            settings = self.settings
             progress = RunProgress(
-                self.metrics_rank, self.progress_sink, self.progress_interval_s, self.resume_from, runner
+                self.metrics_rank, settings.progress_sink, self.progress_interval_s, settings.resume_from, runner
             )
             with contextlib.ExitStack() as ending:
                 tracking = self._start_mlflow_run(launcher.size, conf)
@@ -198,21 +170,21 @@ class _Runner:
                 supervisor = _supervisor_class()(
                     launcher,
                     payload,
-                    self.driver_log_verbosity,
+                    self.settings.driver_log_verbosity,
                     lambda: run.cancelled,
                     self.start_timeout_s,
                     progress,
                     liveness,
-                    stall_timeout=self.stall_timeout,
+                    stall_timeout=self.settings.stall_timeout,
                     code_files=CodeFiles(main, args, kwargs),
                     channel_tls=channel_tls,
                     kind=kind,
-                    exit_timeout_s=self.exit_timeout,
+                    exit_timeout_s=self.settings.exit_timeout,
                     tracking=tracking,
                 )
                 del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
-                if self.resume_from is not None:
-                    log.info("%s: resuming from %s", runner, describe_checkpoint(self.resume_from))
+                if self.settings.resume_from is not None:
+                    log.info("%s: resuming from %s", runner, describe_checkpoint(self.settings.resume_from))
                 with _rank_logs_visible():
                     try:
                         return supervisor.run()
@@ -227,11 +199,11 @@ class _Runner:
 
     def _start_mlflow_run(self, size: int, conf: Callable[[str], str | None]) -> MlflowRun | None:
         """The run's MLflow run when ``mlflow`` is set and its tracking server made it (else one warning)."""
-        if self.mlflow is None:
+        if self.settings.mlflow is None:
             return None
         name = self.naming.runner
         tracking = start_mlflow_run(
-            self.mlflow, name, size, self._mlflow_params(), conf("spark.app.id"), self.metrics_rank
+            self.settings.mlflow, name, size, self._mlflow_params(), conf("spark.app.id"), self.metrics_rank
         )
         if tracking is not None:
             self.mlflow_run_id, self.mlflow_run_url = tracking.run_id, tracking.url
@@ -267,62 +239,25 @@ class HorovodRunner(_Runner):
 
     :param np: ``np < 0``: ``-np`` processes on this host (for debugging; every rank's output is shown).
         ``np > 0``: a Spark barrier job of ``np`` tasks on the active SparkSession (``local[*]`` if none).
-    :param driver_log_verbosity: for ``np > 0``: ``"all"`` relays every rank's stdout and stderr to the
-        driver's log; ``"log_callback_only"`` (default) relays only :func:`log_to_driver` messages and
-        ``LogCallback`` lines, the rest staying in the executors' stderr.
-    :param slot_wait_timeout: for ``np > 0``: how long to wait, in seconds, for ``np`` free task slots on a
-        busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once). Over
-        Spark Connect the free slots are counted by the server's Spark UI (its REST API); where that UI is off,
-        the client cannot count them, and the barrier stage's wait in Spark's scheduler is bounded by the ranks'
-        start timeout (120 s).
-    :param resume_from: the checkpoint the ranks resume from: what ``last_checkpoint()`` returns in them. A
-        dict with a ``"path"`` (e.g. another runner's ``checkpoint``), a path, or None (start afresh).
-    :param progress_sink: where the metrics history and the last checkpoint go while the run goes on (the
-        Airflow layer passes the task state store); see ``ProgressSink`` (``runner/driver/progress.py``).
+
+    The other parameters are the run settings (:class:`~.settings.RunSettings`), which TorchDistributor, the
+    Airflow hook and the training operators take too; those that concern Spark apply to ``np > 0``.
 
     After :meth:`run` (also one that raised), ``metrics`` holds the history of rank ``metrics_rank``'s
     ``log_metrics`` reports, ``{"loss": [(step, value), ...]}`` (at most 1,000 points per metric, evenly
     thinned), and ``checkpoint`` the last ``report_checkpoint``: ``{"path", **info, "rank",
     "reported_at", "try_number"}``, or None.
-    :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
-        (``log_to_driver``, metrics) for that long, the ranks' Python stacks are collected, every rank is ended
-        and ``run`` raises :class:`RunStalledError` saying where each one was. ``None`` (default): off.
-    :param exit_timeout: seconds (or a timedelta, default 120): once every rank's ``main`` has returned, the run
-        has succeeded, and the ranks' exit work (``atexit`` handlers, an experiment tracker's flush, DataLoader
-        workers) may take this long; a rank still exiting then is ended with a warning naming it, and ``run``
-        still returns rank 0's value. A rank whose process fails in its exit work only logs a warning too,
-        unless the run fails: then it counts after the real failures and before Horovod's shutdown errors.
-    :param mlflow: an MLflow run per :meth:`run` (needs the ``mlflow`` extra): True (MLflow's tracking URI and
-        experiment), a dict with keys among ``tracking_uri``, ``experiment_name``, ``run_name``, ``tags``, or an
-        ``MlflowSettings``. The run records the runner's settings as params, rank ``metrics_rank``'s
-        ``log_metrics`` as metrics and the last checkpoint as tags; rank 0 gets ``MLFLOW_RUN_ID``,
-        ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_ID``, so that its ``mlflow.log_*`` and ``mlflow.autolog()``
-        log into it; it ends FINISHED, FAILED or KILLED (cancelled) with the run. A tracking server that cannot be
-        reached costs a warning, not the training. After :meth:`run`, ``mlflow_run_id`` and ``mlflow_run_url``
-        name it (None when there is none). See docs/mlflow-openlineage.md.
     """
 
     naming = HOROVOD_RUNNER
 
-    def __init__(
-        self,
-        *,
-        np: int,
-        driver_log_verbosity: str = "log_callback_only",
-        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
-        resume_from: dict[str, Any] | str | None = None,
-        progress_sink: ProgressSink | None = None,
-        stall_timeout: float | timedelta | None = None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
-    ) -> None:
+    @takes_run_settings()
+    def __init__(self, *, np: int, **settings: Unpack[RunOptions]) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
             raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
-        self._settings(
-            driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout, mlflow
-        )
+        self._settings(RunSettings.from_kwargs(settings, "HorovodRunner"))
         self.num_processor = np
 
     def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:
@@ -350,6 +285,7 @@ class HorovodRunner(_Runner):
         if self.num_processor < 0:
             return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
         spark = self._spark()
-        launcher = SparkLauncher(spark, self.num_processor, self.slot_wait_timeout, cancelled=lambda: run.cancelled)
+        wait = self.settings.slot_wait_timeout
+        launcher = SparkLauncher(spark, self.num_processor, wait, cancelled=lambda: run.cancelled)
         conf = session_conf(spark)
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

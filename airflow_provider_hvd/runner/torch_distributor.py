@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
-from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.barrier import SparkLauncher
-from .driver.launch.spark.capacity import DEFAULT_SLOT_WAIT_S, TASK_GPUS
+from .driver.launch.spark.capacity import TASK_GPUS
 from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
-from .driver.tracking.mlflow_run import MlflowSettings
-from .driver.tracking.progress import ProgressSink
-from .driver.verdict.exits import DEFAULT_EXIT_TIMEOUT_S
 from .errors import LaunchError
 from .rank.script import run_script
 from .runner import _Run, _Runner, check_fits
+from .settings import PYSPARK_DEFAULTS, RunOptions, RunSettings, takes_run_settings
 from .shared.gpus import GPU, host_gpus, spark_gpus_here
 from .shared.naming import TORCH_DISTRIBUTOR
 
@@ -60,15 +57,10 @@ class TorchDistributor(_Runner):
         processes each, one of its task's GPUs each (``num_processes`` must be a multiple of ``k``). False: one
         process per task, which sees no GPU (``CUDA_VISIBLE_DEVICES=""``, as PySpark's), unless the application
         sets ``spark.executorEnv.CUDA_VISIBLE_DEVICES``; locally, the processes' CUDA settings are left alone.
-    :param driver_log_verbosity: for ``local_mode=False``: ``"all"`` (default: every line the processes write
-        reaches the driver's log, as PySpark streams them) or ``"log_callback_only"`` (only ``log_to_driver``
-        messages), as :class:`HorovodRunner`'s; local runs relay every line.
-    :param slot_wait_timeout: as :class:`HorovodRunner`'s.
-    :param resume_from: as :class:`HorovodRunner`'s.
-    :param progress_sink: as :class:`HorovodRunner`'s.
-    :param stall_timeout: as :class:`HorovodRunner`'s.
-    :param exit_timeout: as :class:`HorovodRunner`'s.
-    :param mlflow: as :class:`HorovodRunner`'s (an MLflow run per :meth:`run`).
+
+    The other parameters are the run settings (:class:`~.settings.RunSettings`), as :class:`HorovodRunner`'s;
+    ``driver_log_verbosity`` is ``"all"`` by default (PySpark's: every line the processes write reaches the
+    driver's log, as PySpark streams them). Those that concern Spark apply to ``local_mode=False``.
 
     PySpark's attributes: ``num_processes`` (after the cut to the driver's GPUs), ``local_mode``, ``use_gpu``,
     ``num_tasks`` (the Spark tasks: ``num_processes / k`` with GPUs on Spark, else ``num_processes``),
@@ -78,25 +70,17 @@ class TorchDistributor(_Runner):
 
     naming = TORCH_DISTRIBUTOR
 
+    @takes_run_settings(**PYSPARK_DEFAULTS)
     def __init__(
         self,
         num_processes: int = 1,
         local_mode: bool = True,
         use_gpu: bool = True,
-        *,
-        driver_log_verbosity: str = "all",
-        slot_wait_timeout: float = DEFAULT_SLOT_WAIT_S,
-        resume_from: dict[str, Any] | str | None = None,
-        progress_sink: ProgressSink | None = None,
-        stall_timeout: float | timedelta | None = None,
-        exit_timeout: float | timedelta = DEFAULT_EXIT_TIMEOUT_S,
-        mlflow: bool | Mapping[str, Any] | MlflowSettings | None = None,
+        **settings: Unpack[RunOptions],
     ) -> None:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
             raise ValueError(f"num_processes has to be a positive integer, not {num_processes!r}")
-        self._settings(
-            driver_log_verbosity, slot_wait_timeout, resume_from, progress_sink, stall_timeout, exit_timeout, mlflow
-        )
+        self._settings(RunSettings.from_kwargs(settings, "TorchDistributor", **PYSPARK_DEFAULTS))
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
@@ -175,7 +159,7 @@ class TorchDistributor(_Runner):
         launcher = SparkLauncher(
             spark,
             self.num_processes,
-            self.slot_wait_timeout,
+            self.settings.slot_wait_timeout,
             cancelled=lambda: run.cancelled,
             per_task=self._per_task,
             use_gpus=self.use_gpu,

@@ -17,9 +17,10 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from ...rank.progress import LAST_CHECKPOINT_ENV, RESERVED_INFO
+from ...rank.progress import LAST_CHECKPOINT_ENV
+from ...settings import SNAPSHOT_MAX_BYTES, ProgressSink, describe_checkpoint
 from ...shared.messages import Checkpoint, Message, Metrics
 from ...shared.naming import HOROVOD_RUNNER
 from ...shared.timing import FINAL_WRITE_S
@@ -28,7 +29,6 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 MAX_POINTS = 1000  # per metric, kept on the driver
 MAX_METRICS = 64  # names kept; more are counted, not kept
-SNAPSHOT_MAX_BYTES = 60_000  # a snapshot as JSON: under the task state store's 65,535-byte values
 FORMAT_VERSION = 1
 
 # The write worker's timings. A write that fails stays due and is tried again RETRY_FIRST_S later, then after
@@ -146,51 +146,8 @@ class MetricsHistory:
         return value
 
 
-class ProgressSink(Protocol):
-    """Where a run's progress goes while it runs (the Airflow layer writes it to the task state store).
-
-    A sink may have a ``max_bytes`` attribute: the most a metrics snapshot may take as JSON (default 60,000).
-    """
-
-    def metrics(self, snapshot: dict[str, Any]) -> None:
-        """The metrics history so far (:meth:`MetricsHistory.snapshot`), at most once every few seconds."""
-
-    def checkpoint(self, record: dict[str, Any]) -> None:
-        """The last checkpoint reported: ``{"path", **info, "rank", "reported_at"}``."""
-
-
 def checkpoint_record(rank: int | None, message: Checkpoint) -> dict[str, Any]:
     return {"path": message.path, **message.info, "rank": rank, "reported_at": _utc(message.time)}
-
-
-def describe_checkpoint(record: Mapping[str, Any]) -> str:
-    """``/ckpt/epoch-3.pt (epoch=3), reported by try 1``: for the log."""
-    info = {key: value for key, value in record.items() if key not in RESERVED_INFO}
-    text = str(record.get("path"))
-    if info:
-        text += " (" + ", ".join(f"{key}={value}" for key, value in info.items()) + ")"
-    if record.get("try_number") is not None:
-        text += f", reported by try {record['try_number']}"
-    return text
-
-
-def resume_value(resume_from: Mapping[str, Any] | str | None) -> dict[str, Any] | None:
-    """``HorovodRunner(resume_from=...)`` as the dict ``last_checkpoint()`` returns (a str is a path)."""
-    if resume_from is None:
-        return None
-    if isinstance(resume_from, str):
-        resume_from = {"path": resume_from}
-    if not isinstance(resume_from, Mapping) or not isinstance(resume_from.get("path"), str):
-        raise TypeError(
-            "resume_from must be None, a checkpoint's path, or a dict with a 'path' (e.g. a runner's .checkpoint), "
-            f"not {resume_from!r}"
-        )
-    value = {"try_number": None, **resume_from}
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"resume_from must be JSON data (it travels to every rank): {exc}") from None
-    return value
 
 
 @dataclasses.dataclass

@@ -8,22 +8,8 @@ and once every rank has returned the run has succeeded: the driver waits for the
 
 from __future__ import annotations
 
-import math
-from datetime import timedelta
-
 from ...shared.naming import HOROVOD_RUNNER
 from ...shared.timing import DEFAULT_EXIT_TIMEOUT_S as DEFAULT_EXIT_TIMEOUT_S  # (imported from here too)
-
-
-def check_exit_timeout(exit_timeout: float | timedelta) -> float:
-    """``exit_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
-    seconds = exit_timeout.total_seconds() if isinstance(exit_timeout, timedelta) else exit_timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-        raise ValueError(
-            "exit_timeout must be a positive number of seconds (or a timedelta): how long the ranks' exit work "
-            f"(atexit handlers, trackers' flushes) may take once every rank returned; not {exit_timeout!r}"
-        )
-    return float(seconds)
 
 
 def still_exiting(rank: int | None, where: str, seconds: float, runner: str = HOROVOD_RUNNER.runner) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ...shared.timing import STACKS_WAIT_S
@@ -26,19 +25,6 @@ if TYPE_CHECKING:
     from .channel import AgentConnection
 
 _POLL_S = 0.05
-
-
-def check_stall_timeout(stall_timeout: float | timedelta | None) -> float | None:
-    """``stall_timeout`` in seconds (None: off); ``ValueError`` for anything but a positive number or timedelta."""
-    if stall_timeout is None:
-        return None
-    seconds = stall_timeout.total_seconds() if isinstance(stall_timeout, timedelta) else stall_timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ValueError(
-            f"stall_timeout must be a positive number of seconds (or a timedelta), or None to turn stall detection "
-            f"off, not {stall_timeout!r}"
-        )
-    return float(seconds)
 
 
 def activity_period(stall_timeout: float) -> float:

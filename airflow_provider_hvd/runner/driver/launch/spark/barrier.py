@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ....agent.agent import AgentArgs, run_agent
+from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.gpus import GPU
 from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ...events import LaunchEvent, LaunchFailed, Task, TaskEnded
 from .app import BarrierTask, SparkApp
-from .capacity import DEFAULT_SLOT_WAIT_S
 from .classic import ClassicApp
 from .cluster import is_connect, summary
 from .connect import ConnectApp

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ....errors import LaunchError, RunCancelledError
+from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .cluster import MASTER_WEB_UI_CONF, is_local, master_state, state_of
 from .server_ui import executor_slots, server_ui
@@ -27,19 +28,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
-DEFAULT_SLOT_WAIT_S = 600.0
 REPORT_EVERY_S = 30.0  # how often a wait for slots is reported (sparkdl warns as often)
 FIRST_REPORT_S = 5.0  # executors of a new application take a few seconds to register: no report before
 POLL_S = 0.5
 EXECUTOR_GPUS = "spark.executor.resource.gpu.amount"
 TASK_GPUS = "spark.task.resource.gpu.amount"
-
-
-def check_slot_wait_timeout(seconds: float) -> float:
-    """``seconds`` as a float, or ValueError when it is not a number of seconds >= 0."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
-        raise ValueError(f"slot_wait_timeout must be a number of seconds >= 0, not {seconds!r}")
-    return float(seconds)
 
 
 def slots_now(sc: SparkContext) -> int:
