@@ -199,6 +199,6 @@ def test_no_write_starts_once_the_runs_end_gave_up_on_a_hung_store(monkeypatch, 
         run.flush()
     assert "did not answer within" in caplog.text, caplog.text
     answer.set()
-    run._worker.join(10)
-    assert not run._worker.is_alive()
+    run._writer.join(10)
+    assert not run._writer.is_alive()
     assert written == ["checkpoint"]

@@ -4,9 +4,9 @@ One MLflow run per ``run()``: created before the ranks start (its id goes to ran
 driver's MLflow credentials, so that ``mlflow.log_*`` and ``mlflow.autolog()`` there log into it; credentials
 never show in a log line or a link), fed the metrics rank's ``log_metrics`` reports and
 the checkpoints reported, and ended with the run: FINISHED, FAILED (tag ``hvd.failure``) or KILLED (cancelled).
-Every MLflow call is made on one thread, ``hvd-mlflow-writer``, and the driver waits on it a bounded time only:
-a tracking server that is down, hangs or fails costs the run one warning, never its training. MLflow (the
-``mlflow`` extra) is imported only when a runner asks for it.
+Every MLflow call is made on one thread, ``hvd-mlflow-writer`` (:mod:`.writer`), and the driver waits on it a
+bounded time only: a tracking server that is down, hangs or fails costs the run one warning, never its
+training. MLflow (the ``mlflow`` extra) is imported only when a runner asks for it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ...mlflow_settings import (
 )
 from ...shared.messages import Checkpoint, Message, Metrics
 from ...shared.timing import FINAL_WRITE_S
+from .writer import BoundedWriter
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -134,13 +135,12 @@ class MlflowRun:
         self._metrics: list[Any] = []  # mlflow.entities.Metric, due
         self._tags: dict[str, str] = {}  # due
         self._created = threading.Event()
-        self._ending = threading.Event()
         self._gave_up = False  # the start waited too long: the run goes on without MLflow
         self._status: tuple[str, str | None] | None = None  # (status, failure) once the run ended
         self._warned = False
         self._skipped_names: set[str] = set()
         self._dropped = 0
-        self._writer: threading.Thread | None = None
+        self._writer = BoundedWriter(threading.Thread(target=self._write_loop, name="hvd-mlflow-writer", daemon=True))
 
     # -- the driver's side ---------------------------------------------------------------------------------
 
@@ -154,7 +154,6 @@ class MlflowRun:
         if why is not None:
             self._warn_once(f"the MLflow tracking server {uri} is unreachable: {why}; the run goes on without MLflow")
             return False
-        self._writer = threading.Thread(target=self._write_loop, name="hvd-mlflow-writer", daemon=True)
         self._writer.start()
         self._created.wait(START_WAIT_S)
         with self._lock:  # (the writer reads it once the run is created: a late one is ended at once)
@@ -247,7 +246,7 @@ class MlflowRun:
     def end(self, error: BaseException | None) -> None:
         """End the run as the runner's run ended: FINISHED, FAILED (``hvd.failure``) or KILLED (a cancel, an
         interrupt); waits at most ``FINAL_WRITE_S`` for the tracking server."""
-        if self._writer is None:
+        if not self._writer.started:
             return
         if error is None:
             status: tuple[str, str | None] = ("FINISHED", None)
@@ -257,9 +256,7 @@ class MlflowRun:
             status = ("FAILED", _first_line(error))
         with self._lock:
             self._status = status
-        self._ending.set()
-        self._writer.join(FINAL_WRITE_S)
-        if self._writer.is_alive() and self.run_id is not None:
+        if not self._writer.close(FINAL_WRITE_S) and self.run_id is not None:
             self._warn_once(
                 f"the MLflow tracking server {self.tracking_uri} did not answer within {FINAL_WRITE_S:g}s of the "
                 f"run's end: the MLflow run {self.run_id} may miss its last metrics and stay RUNNING"
@@ -290,6 +287,7 @@ class MlflowRun:
     # -- the writer thread ----------------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        writer = self._writer
         try:
             self._create()
         except Exception as exc:  # noqa: BLE001 - the training goes on without MLflow
@@ -309,8 +307,8 @@ class MlflowRun:
         if self.settings.previous_run_id:
             self._call("end the previous try's MLflow run", self._end_previous)
         while True:
-            ending = self._ending.wait(BATCH_EVERY_S)
-            if not ending:
+            writer.wait(BATCH_EVERY_S)
+            if not writer.closing:
                 self._send_due()
                 continue
             with self._lock:

@@ -24,6 +24,7 @@ from ...settings import SNAPSHOT_MAX_BYTES, ProgressSink, describe_checkpoint
 from ...shared.messages import Checkpoint, Message, Metrics
 from ...shared.naming import HOROVOD_RUNNER
 from ...shared.timing import FINAL_WRITE_S
+from .writer import BoundedWriter
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -163,9 +164,9 @@ class _Due:
 class RunProgress:
     """One run's progress: the metrics history of ``rank``, the last checkpoint, and their writes to ``sink``.
 
-    The writes go through one worker thread, ``hvd-progress-writer``: started by the first :meth:`tick`,
-    ended by :meth:`flush`, which has it try what is still due once more and waits for it at most
-    ``FINAL_WRITE_S`` (a write hung in the sink then is abandoned; the thread ends when the sink returns).
+    The writes go through one bounded writer thread, ``hvd-progress-writer`` (:mod:`.writer`): started by the
+    first :meth:`tick`, ended by :meth:`flush`, which has it try what is still due once more and waits for it at
+    most ``FINAL_WRITE_S`` (a write hung in the sink then is abandoned; the thread ends when the sink returns).
     """
 
     def __init__(
@@ -185,9 +186,8 @@ class RunProgress:
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._due = {"checkpoint": _Due(), "metrics": _Due()}  # the checkpoint first: see _write_due
-        self._wake = threading.Event()
-        self._worker: threading.Thread | None = None
-        self._closing = False  # set by flush: the worker tries what is left once, then ends
+        self._writer = BoundedWriter(threading.Thread(target=self._write_loop, name="hvd-progress-writer", daemon=True))
+        self._flushed = False
         self._writing: str | None = None  # the key whose write is in the sink now
         self._abandoned = False  # flush gave up on the sink: no write starts after that (the run has ended)
         self._warned = False
@@ -218,31 +218,22 @@ class RunProgress:
         supervisor's loop); never waits on the sink."""
         if self._sink is None:
             return
-        with self._lock:
-            if self._worker is None and not self._closing:
-                self._worker = threading.Thread(target=self._write_loop, name="hvd-progress-writer", daemon=True)
-                self._worker.start()
-        self._wake.set()
+        if not self._writer.closing:
+            self._writer.start()
+        self._writer.wake()
 
     def flush(self) -> None:
         """Write what is left (the run ended), waiting at most ``FINAL_WRITE_S`` on the sink; never raises."""
         if self._sink is None:
             return
         with self._lock:
-            if self._closing:
+            if self._flushed:
                 return
-            self._closing = True
-            worker = self._worker
-            if worker is None and any(due.dirty for due in self._due.values()):
-                worker = self._worker = threading.Thread(
-                    target=self._write_loop, name="hvd-progress-writer", daemon=True
-                )
-                worker.start()
-        if worker is None:
-            return
-        self._wake.set()
-        worker.join(FINAL_WRITE_S + 0.5)
-        if worker.is_alive():
+            self._flushed = True
+            due = any(due.dirty for due in self._due.values())
+        if due:
+            self._writer.start()  # (when no tick came: a no-op otherwise)
+        if not self._writer.close(FINAL_WRITE_S):  # (no thread starts after it)
             with self._lock:
                 left = [key for key, due in self._due.items() if due.dirty or key == self._writing]
                 self._abandoned = True
@@ -256,16 +247,16 @@ class RunProgress:
             )
 
     def _write_loop(self) -> None:
+        writer = self._writer
         while True:
+            closing = writer.closing
             with self._lock:
-                closing = self._closing
                 wait = self._next_due(time.monotonic())
             if closing:
                 self._write_due()  # what is left, at once and once: the sink answers now or the run ends without it
                 return
             if wait is None or wait > 0:
-                self._wake.wait(wait)
-                self._wake.clear()
+                writer.wait(wait)
                 continue  # closing may have come meanwhile: then what is left is tried once, not twice
             self._write_due()
 
@@ -281,7 +272,7 @@ class RunProgress:
         for key, due in self._due.items():
             now = time.monotonic()
             with self._lock:
-                ready = float("-inf") if self._closing else max(due.tried_at + self._interval_s, due.retry_at)
+                ready = float("-inf") if self._writer.closing else max(due.tried_at + self._interval_s, due.retry_at)
                 if self._abandoned:
                     return  # a write after the run's end could overwrite what the caller recorded since
                 if not due.dirty or now < ready:
