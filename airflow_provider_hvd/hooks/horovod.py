@@ -309,31 +309,45 @@ class HorovodHook(BaseHook):
 
     def _check_server_owned(self, refused: Mapping[str, str | None], conf: Mapping[str, str]) -> None:
         """Refuse the settings a session cannot set that matter to the job; warn of the others."""
-        if not refused:
-            return
-        lines = ", ".join(
-            f"{key}={'***' if is_secret_setting(key) else conf[key]} (server: "
-            f"{'***' if is_secret_setting(key) and have else have or 'unset'})"
-            for key, have in sorted(refused.items())
+        address = (
+            f" The address the ranks reach this task at is {CONNECT_HOST_CONF} (and where it listens, "
+            f"{CONNECT_BIND_CONF}) on Spark Connect."
+            if {"spark.driver.host", "spark.driver.bindAddress"} & set(refused)
+            else ""
         )
-        if any(key.startswith(_SETTINGS_THAT_MATTER) for key in refused):
-            address = (
-                f" The address the ranks reach this task at is {CONNECT_HOST_CONF} (and where it listens, "
-                f"{CONNECT_BIND_CONF}) on Spark Connect."
-                if {"spark.driver.host", "spark.driver.bindAddress"} & set(refused)
-                else ""
-            )
-            raise LaunchError(
-                f"These settings of connection {self.conn_id!r} and spark_conf are the Spark Connect server's, which "
-                f"has them otherwise; a session cannot set them: {lines}. Set them where the server starts "
-                f"(start-connect-server.sh --conf KEY=VALUE), or remove them.{address}"
-            )
-        self.log.warning(
+        self._refuse_or_warn(
+            {key: (conf[key], have) for key, have in refused.items()},
+            "server",
+            f"These settings of connection {self.conn_id!r} and spark_conf are the Spark Connect server's, which has "
+            "them otherwise; a session cannot set them",
+            f"Set them where the server starts (start-connect-server.sh --conf KEY=VALUE), or remove them.{address}",
             "These settings of connection %r and spark_conf are the Spark Connect server's and do not apply (set "
             "them where the server starts: start-connect-server.sh --conf KEY=VALUE): %s",
             self.conn_id,
-            lines,
         )
+
+    def _refuse_or_warn(
+        self,
+        differing: Mapping[str, tuple[str, str | None]],
+        held_by: str,
+        refusal: str,
+        fix: str,
+        warning: str,
+        *warning_args: object,
+    ) -> None:
+        """Settings asked for that the Spark application has otherwise (``held_by``: the server, the running
+        SparkContext) and keeps: refuse the job where one matters to it (``refusal: the settings. fix``), else warn
+        of them (``warning``, its last ``%s`` the settings). Secrets show as ``***``."""
+        if not differing:
+            return
+        lines = ", ".join(
+            f"{key}={'***' if is_secret_setting(key) else wanted} ({held_by}: "
+            f"{'***' if is_secret_setting(key) and have else have or 'unset'})"
+            for key, (wanted, have) in sorted(differing.items())
+        )
+        if any(key.startswith(_SETTINGS_THAT_MATTER) for key in differing):
+            raise LaunchError(f"{refusal}: {lines}. {fix}")
+        self.log.warning(warning, *warning_args, lines)
 
     def _check_master(self, master: str) -> None:
         """Fail fast, with the connection's name, where Spark would answer with a JVM stack trace or a long wait."""
@@ -358,29 +372,17 @@ class HorovodHook(BaseHook):
                 f"A SparkContext on {running.master} is already running in this process, and connection "
                 f"{self.conn_id!r} asks for {master}: Spark allows one per process. Stop the other one first."
             )
-        differing = differing_settings(dict(running.getConf().getAll()), conf)
-        if not differing:
-            return
-        shown = {
-            key: ("***", "***") if is_secret_setting(key) else (wanted, have)
-            for key, (wanted, have) in differing.items()
-        }
-        lines = ", ".join(
-            f"{key}={wanted} (running: {have or 'unset'})" for key, (wanted, have) in sorted(shown.items())
-        )
-        if any(key.startswith(_SETTINGS_THAT_MATTER) for key in differing):
-            raise LaunchError(
-                f"The SparkContext already running in this process on {master} differs from what connection "
-                f"{self.conn_id!r} and spark_conf ask for: {lines}. A running SparkContext keeps the settings it "
-                "started with; run this job after the other one ends (or stop that SparkContext), or ask for the "
-                "running one's settings."
-            )
-        self.log.warning(
+        self._refuse_or_warn(
+            differing_settings(dict(running.getConf().getAll()), conf),
+            "running",
+            f"The SparkContext already running in this process on {master} differs from what connection "
+            f"{self.conn_id!r} and spark_conf ask for",
+            "A running SparkContext keeps the settings it started with; run this job after the other one ends (or "
+            "stop that SparkContext), or ask for the running one's settings.",
             "Joining the SparkContext already running on %s, which keeps the settings it started with; these of "
             "connection %r and spark_conf do not apply: %s",
             master,
             self.conn_id,
-            lines,
         )
 
     def _say_lineage_not_applied(self, running: SparkContext) -> None:

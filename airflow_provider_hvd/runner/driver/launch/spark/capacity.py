@@ -15,12 +15,12 @@ import math
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ....errors import LaunchError, RunCancelledError
 from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
-from .cluster import MASTER_WEB_UI_CONF, is_local, master_state, state_of
+from .cluster import MASTER_WEB_UI_CONF, is_local, state_of
 from .server_ui import executor_slots, server_ui
 
 if TYPE_CHECKING:
@@ -111,23 +111,8 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
     return slots if cores_max is None else min(slots, cores_max // task_cpus)
 
 
-def slots_at_most(sc: SparkContext) -> int | None:
-    """The most task slots this application could ever have, or None where that cannot be known (YARN, k8s)."""
-
-    if is_local(sc.master or ""):
-        return slots_now(sc)  # the driver's own threads: all there from the start
-    state = master_state(sc)
-    if state is None:
-        return None
-    return standalone_capacity(state, dict(sc.getConf().getAll()))
-
-
-def check_barrier_allowed(sc: SparkContext, size: int) -> None:
+def refuse_dynamic_allocation(conf: Callable[[str], str | None], size: int) -> None:
     """Spark refuses barrier jobs under dynamic allocation: say so before anything starts."""
-    _refuse_dynamic_allocation(sc.getConf().get, size)
-
-
-def _refuse_dynamic_allocation(conf: Callable[[str], str | None], size: int) -> None:
     if (conf("spark.dynamicAllocation.enabled") or "false").lower() == "true":
         raise LaunchError(
             "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
@@ -216,10 +201,6 @@ def never_fits_error(
     )
 
 
-def _never_fits(sc: SparkContext, size: int, total: int, naming: RunnerNaming) -> LaunchError:
-    return never_fits_error(sc.master or "", size, total, dict(sc.getConf().getAll()), master_state(sc), naming)
-
-
 _CAPACITY_CONFS = (
     "spark.task.cpus",
     "spark.executor.memory",
@@ -238,41 +219,66 @@ def local_slots(master: str, task_cpus: int) -> int | None:
     return int(match.group(1) or 1) // task_cpus
 
 
-class SlotCount(Protocol):
-    """What the wait for free task slots asks of an application: a classic SparkContext's (:class:`ClassicSlots`),
-    or a Spark Connect server's, from its Spark UI's REST API (:class:`ConnectSlots`)."""
+def capacity_settings(conf: Callable[[str], str | None]) -> dict[str, str]:
+    """The application's settings that bound its task slots (as far as they are set)."""
+    return {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
 
-    where: str  # where the job runs, for the texts: "on local[2]", "over Spark Connect sc://h:p (local[2])"
+
+class SlotCount:
+    """What the wait for free task slots asks of an application, known by its master URL and its conf getter: the
+    most slots it could ever have, the refusal of a job that can never fit, the notes of the wait's reports; what
+    it has now and whether it stopped are its kind's: a classic SparkContext's (:class:`ClassicSlots`), or a Spark
+    Connect server's, from its Spark UI's REST API (:class:`ConnectSlots`)."""
+
+    def __init__(
+        self, master: str, conf: Callable[[str], str | None], where: str, naming: RunnerNaming = HOROVOD_RUNNER
+    ) -> None:
+        self.master, self.conf, self.naming = master, conf, naming
+        self.where = where  # where the job runs, for the texts: "on local[2]", "over Spark Connect sc://h:p (...)"
+        self.settings = capacity_settings(conf)
 
     def now(self) -> tuple[int, int]:
         """The application's task slots, and how many of them its running tasks hold."""
+        raise NotImplementedError
 
-    def at_most(self) -> int | None:
-        """The most task slots the application could ever have, or None where that cannot be known."""
-
-    def never_fits(self, size: int, total: int) -> LaunchError: ...
     def stopped(self, size: int) -> str | None:
         """Why the wait cannot go on when the application has stopped; None while it runs."""
+        raise NotImplementedError
 
-    def unknown_note(self) -> str: ...
-    def limits_note(self, size: int) -> str: ...
+    def _state(self) -> dict[str, Any] | None:
+        return state_of(self.master, self.conf)[0]
+
+    def at_most(self) -> int | None:
+        """The most task slots the application could ever have, or None where that cannot be known (YARN, k8s)."""
+        if is_local(self.master):
+            return local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
+        state = self._state()
+        return None if state is None else standalone_capacity(state, self.settings)
+
+    def never_fits(self, size: int, total: int) -> LaunchError:
+        return never_fits_error(self.master, size, total, self.settings, self._state(), self.naming)
+
+    def unknown_note(self) -> str:
+        return total_unknown_note(self.master, self.conf)
+
+    def limits_note(self, size: int) -> str:
+        return limits_note(self._state(), self.settings, size)
 
 
-class ClassicSlots:
+class ClassicSlots(SlotCount):
     """A SparkContext's slots: its scheduler's count, and its status tracker's running tasks."""
 
     def __init__(self, sc: SparkContext, naming: RunnerNaming = HOROVOD_RUNNER) -> None:
-        self.sc, self.naming = sc, naming
-        self.where = f"on {sc.master}"
+        super().__init__(sc.master or "", sc.getConf().get, f"on {sc.master}", naming)
+        self.sc = sc
 
     def now(self) -> tuple[int, int]:
         return slots_now(self.sc), busy_slots(self.sc)
 
     def at_most(self) -> int | None:
-        return slots_at_most(self.sc)
-
-    def never_fits(self, size: int, total: int) -> LaunchError:
-        return _never_fits(self.sc, size, total, self.naming)
+        if is_local(self.master):
+            return slots_now(self.sc)  # the driver's own threads: all there from the start (local[*] too)
+        return super().at_most()
 
     def stopped(self, size: int) -> str | None:
         if self.sc._jsc is not None and not self.sc._jsc.sc().isStopped():
@@ -282,42 +288,27 @@ class ClassicSlots:
             "(did the master give up the application?); see Spark's log above"
         )
 
-    def unknown_note(self) -> str:
-        return total_unknown_note(self.sc.master or "", self.sc.getConf().get)
 
-    def limits_note(self, size: int) -> str:
-        return limits_note(master_state(self.sc), dict(self.sc.getConf().getAll()), size)
-
-
-class ConnectSlots:
-    """A Spark Connect server's application's slots, as its Spark UI's REST API counts them (``ui``: the UI)."""
+class ConnectSlots(SlotCount):
+    """A Spark Connect server's application's slots, as its Spark UI's REST API counts them (``ui``: the UI, once
+    found; without it the slots free now cannot be counted)."""
 
     def __init__(
         self,
         master: str,
         conf: Callable[[str], str | None],
         where: str,
-        ui: str,
         stopped: Callable[[], str | None],
         naming: RunnerNaming = HOROVOD_RUNNER,
     ) -> None:
-        self.master, self.conf, self.where, self.ui, self.naming = master, conf, where, ui, naming
+        super().__init__(master, conf, where, naming)
+        self.ui: str | None = None
         self.app_id = conf("spark.app.id") or ""
-        self.settings = {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
         self._stopped = stopped
 
     def now(self) -> tuple[int, int]:
+        assert self.ui is not None, "the server's UI counts the slots"
         return executor_slots(self.ui, self.app_id)
-
-    def at_most(self) -> int | None:
-        if is_local(self.master):
-            return local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
-        state = state_of(self.master, self.conf)[0]
-        return None if state is None else standalone_capacity(state, self.settings)
-
-    def never_fits(self, size: int, total: int) -> LaunchError:
-        state = state_of(self.master, self.conf)[0]
-        return never_fits_error(self.master, size, total, self.settings, state, self.naming)
 
     def stopped(self, size: int) -> str | None:
         why = self._stopped()
@@ -326,12 +317,6 @@ class ConnectSlots:
             if why is None
             else f"{why} while {self.naming.runner} waited for {size} task slots (by the application)"
         )
-
-    def unknown_note(self) -> str:
-        return total_unknown_note(self.master, self.conf)
-
-    def limits_note(self, size: int) -> str:
-        return limits_note(state_of(self.master, self.conf)[0], self.settings, size)
 
 
 def check_connect_slots(
@@ -349,23 +334,19 @@ def check_connect_slots(
     free slots, counted by the server's Spark UI (its REST API). Without that UI the free slots cannot be
     counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
     run's ``start_timeout_s``, which is said."""
-    _refuse_dynamic_allocation(conf, size)
-    settings = {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
-    state, why = state_of(master, conf)
-    if is_local(master):
-        total = local_slots(master, int(settings.get("spark.task.cpus") or 1))
-    else:
-        total = None if state is None else standalone_capacity(state, settings)
+    refuse_dynamic_allocation(conf, size)
+    count = ConnectSlots(master, conf, where, stopped, naming)
+    total = count.at_most()
     if total is not None and total < size:
-        raise never_fits_error(master, size, total, settings, state, naming)
-    ui, no_ui = server_ui(conf)
-    if ui is not None:
+        raise count.never_fits(size, total)
+    count.ui, no_ui = server_ui(conf)
+    if count.ui is not None:
         try:
-            count = ConnectSlots(master, conf, where, ui, stopped, naming)
             wait_for_free_slots(count, size, timeout, cancelled, naming)
             return
         except (OSError, ValueError) as exc:  # the UI stopped answering: the count is gone, not the job
-            no_ui = f"the server's Spark UI at {ui} did not answer with its executors ({exc})"
+            no_ui = f"the server's Spark UI at {count.ui} did not answer with its executors ({exc})"
+    why = "" if total is not None else state_of(master, conf)[1]
     log.info(
         "%s: %s: the free task slots cannot be counted (%s); the barrier job's %d tasks start once Spark has %d "
         "free at once%s: until then they wait in Spark's scheduler, up to the ranks' start timeout "
@@ -392,7 +373,7 @@ def wait_for_slots(
     Raises LaunchError at once when ``size`` can never fit, or when the wait ends without the slots;
     RunCancelledError when ``cancelled()`` turns true while waiting.
     """
-    check_barrier_allowed(sc, size)
+    refuse_dynamic_allocation(sc.getConf().get, size)
     wait_for_free_slots(ClassicSlots(sc, naming), size, timeout, cancelled, naming)
 
 

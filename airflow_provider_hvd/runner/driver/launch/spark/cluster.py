@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from ....shared.naming import HOROVOD_RUNNER
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 # Where the standalone master's web UI is (its /json/ tells the cluster's cores); default http://<master>:8080
@@ -154,13 +153,10 @@ def standalone_masters(master: str) -> list[tuple[str, int]]:
     return masters
 
 
-def master_web_ui(sc: SparkContext) -> str | None:
-    """The standalone master's web UI URL (``spark.horovodRunner.masterWebUiUrl``, else port 8080 of the master)."""
-    return web_ui_of(sc.master or "", sc.getConf().get)
-
-
 def web_ui_of(master: str, conf: Callable[[str], str | None]) -> str | None:
-    """:func:`master_web_ui` of an application known by its master URL and conf getter (a Connect session's)."""
+    """The standalone master's web UI URL of an application known by its master URL and conf getter (a classic
+    SparkContext's, ``sc.getConf().get``, or a Connect session's): ``spark.horovodRunner.masterWebUiUrl``, else
+    port 8080 of the master; None for other masters."""
     configured = conf(MASTER_WEB_UI_CONF)
     if configured:
         return configured.rstrip("/")
@@ -188,16 +184,13 @@ def _fetch_master_state(master: str, ui: str, timeout: float) -> tuple[dict[str,
     return state, ""
 
 
-def master_state_or_why(sc: SparkContext, timeout: float = 5.0) -> tuple[dict[str, Any] | None, str]:
-    """:func:`master_state`, and when it is None on a standalone master, why (to tell the user what to set).
+def state_of(master: str, conf: Callable[[str], str | None], timeout: float = 5.0) -> tuple[dict[str, Any] | None, str]:
+    """The standalone master's ``/json/`` state (workers, cores, applications) of an application known by its
+    master URL and conf getter, checked to be its master's (not whatever else answers on that port); None where it
+    cannot be read, and on a standalone master why (to tell the user what to set).
 
     A state fetched less than :data:`MASTER_STATE_REUSE_S` ago is reused: one run asks for it several times.
     """
-    return state_of(sc.master or "", sc.getConf().get, timeout)
-
-
-def state_of(master: str, conf: Callable[[str], str | None], timeout: float = 5.0) -> tuple[dict[str, Any] | None, str]:
-    """:func:`master_state_or_why` of an application known by its master URL and conf getter."""
     ui = web_ui_of(master, conf)
     if ui is None:
         return None, ""
@@ -208,11 +201,3 @@ def state_of(master: str, conf: Callable[[str], str | None], timeout: float = 5.
             state, why = _fetch_master_state(key[0], ui, timeout)
             _fetched[key] = (time.monotonic(), state, why)
     return state, why
-
-
-def master_state(sc: SparkContext, timeout: float = 5.0) -> dict[str, Any] | None:
-    """The standalone master's ``/json/`` state (workers, cores, applications), or None if it cannot be read.
-
-    Checked to be the state of this application's master, not whatever else answers on that port.
-    """
-    return master_state_or_why(sc, timeout)[0]
