@@ -1,7 +1,8 @@
 """Many simulated rank agents against the real driver side (Supervisor, DriverChannel, RunOutcome, rendezvous).
 
-:class:`SimulatedLauncher` is a Launcher for :class:`~airflow_provider_hvd.runner.driver.supervisor.Supervisor`: its
-``start`` runs this file as one child process, in which an asyncio loop plays ``agents`` rank agents. Each
+:class:`SimulatedLauncher` is a Launcher for
+:class:`~airflow_provider_hvd.runner.driver.watch.supervisor.Supervisor`: its ``start`` runs this file as one child
+process, in which an asyncio loop plays ``agents`` rank agents. Each
 one speaks the real wire protocol with the run's secret (the HMAC handshake, then framed messages): Hello
 from its own loopback address (``per_host`` agents share one, so the rendezvous plans many hosts), Start,
 numbered log lines, then Result (rank 0) and Done; or, in a failing run, rank ``fail_rank`` fails and the

@@ -1,6 +1,6 @@
 """A stand-in for the JVM side of Spark's status tracker and status store, for barrier jobs too large to run here.
 
-It answers what :class:`~airflow_provider_hvd.runner.driver.spark_status.BarrierJobStatus` (and the code before
+It answers what :class:`~airflow_provider_hvd.runner.driver.launch.spark.status.BarrierJobStatus` (and the code before
 it) asks Spark's JVM through py4j, and counts each answer as one py4j call, as py4j would make one round trip
 for each: a method called on a JVM object, or an element read from a JVM array or iterator.
 """

@@ -183,7 +183,7 @@ CASES = {
         RankFailedError,
         "Horovod rank 1 of 2 failed: ValueError: boom",
     ),
-    # a rank's main returned (RankSucceeded), then its process failed in its exit work (driver/exits.py)
+    # a rank's main returned (RankSucceeded), then its process failed in its exit work (driver/verdict/exits.py)
     "every rank returned: a failure in the exit work does not fail the run": (
         [STARTED, RankSucceeded(0), RankSucceeded(1), RankFailed(1, SPARK_TASK_1, EXITED_3, after_return=True)],
         None,

@@ -54,7 +54,7 @@ class RankFailed:
     where: str
     done: Done
     received_at: float | None = None  # when the driver got it (time.time()); its source time is in ``done``
-    kill_evidence: dict[str, Any] | None = None  # killed by a signal the driver did not send: what was seen (.kills)
+    kill_evidence: dict[str, Any] | None = None  # killed by a signal not the driver's: what was seen (.verdict.kills)
     after_return: bool = False  # its main had returned: it failed in its exit work (see RunOutcome.record)
 
 

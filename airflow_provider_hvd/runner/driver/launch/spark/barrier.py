@@ -162,7 +162,7 @@ class SparkLauncher:
         return f"a Spark barrier job of {self.tasks} tasks of {self.per_task} ranks each {self.app.where()}"
 
     def memory_settings(self) -> dict[str, str]:
-        """The application's memory settings that bound a rank's memory, for a killed rank's evidence (.kills):
+        """The application's memory settings that bound a rank's memory, for a killed rank (...verdict.kills):
         read as the launch begins, not when a rank is killed (over Spark Connect, a call to a server that may be
         in trouble then)."""
         return dict(self._memory)

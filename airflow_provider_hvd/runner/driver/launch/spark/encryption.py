@@ -1,4 +1,4 @@
-"""Whether the application has Spark encrypt its traffic (the driver channel is TLS then: ..shared.tls), and
+"""Whether the application has Spark encrypt its traffic (the driver channel is TLS then: ....shared.tls), and
 what the ranks cannot encrypt, said once."""
 
 from __future__ import annotations
