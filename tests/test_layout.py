@@ -114,7 +114,7 @@ def test_the_airflow_layer_uses_only_the_runners_public_face():
     public = {f"{PACKAGE}.runner"} | {
         name for name, (path, is_package) in MODULES.items() if not is_package and path.parent.name == "runner"
     }
-    layer = [name for name in MODULES if name.split(".")[1] in AIRFLOW_LAYER]
+    layer = [name for name in MODULES if name.partition(".")[2].split(".")[0] in AIRFLOW_LAYER]
     assert len(layer) > 10 and f"{PACKAGE}.runner.settings" in public
     beyond = {
         name: sorted(m for m in GRAPH[name] if m.startswith(f"{PACKAGE}.runner") and m not in public) for name in layer
