@@ -9,25 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 from ...shared.gpus import visible_gpus
 
 
-class Slot(Protocol):
-    """One agent's rank (the fields of Horovod's ``SlotInfo``); ``hostname`` names its node."""
-
-    hostname: str
-    rank: int
-    local_rank: int
-    cross_rank: int
-    size: int
-    local_size: int
-    cross_size: int
-
-
 @dataclass
-class NodeSlot:
+class Slot:
+    """One agent's rank (the fields of Horovod's ``SlotInfo``)."""
+
     hostname: str  # the node: a host, or a Spark task on its host
     rank: int
     local_rank: int
@@ -45,7 +35,7 @@ def by_node(nodes: Sequence[str]) -> dict[str, list[int]]:
     return grouped
 
 
-def plan_by_node(nodes: Sequence[str], cross: Literal["node", "local_rank"] = "node") -> list[NodeSlot]:
+def plan_by_node(nodes: Sequence[str], cross: Literal["node", "local_rank"] = "node") -> list[Slot]:
     """Each agent's slot (``nodes[i]``: agent i's node), in agent order.
 
     ``cross``: what ``cross_rank`` and ``cross_size`` count. ``"node"``: the node's index and the number of nodes
@@ -58,7 +48,7 @@ def plan_by_node(nodes: Sequence[str], cross: Literal["node", "local_rank"] = "n
     for node, agents in grouped.items():
         for local_rank in range(len(agents)):
             with_local_rank.setdefault(local_rank, []).append(node)
-    slots: list[NodeSlot | None] = [None] * len(nodes)
+    slots: list[Slot | None] = [None] * len(nodes)
     rank = 0
     for index, (node, agents) in enumerate(grouped.items()):
         for local_rank, agent in enumerate(agents):
@@ -67,7 +57,7 @@ def plan_by_node(nodes: Sequence[str], cross: Literal["node", "local_rank"] = "n
             else:
                 peers = with_local_rank[local_rank]
                 cross_rank, cross_size = peers.index(node), len(peers)
-            slots[agent] = NodeSlot(node, rank, local_rank, cross_rank, len(nodes), len(agents), cross_size)
+            slots[agent] = Slot(node, rank, local_rank, cross_rank, len(nodes), len(agents), cross_size)
             rank += 1
     return [slot for slot in slots if slot is not None]
 
