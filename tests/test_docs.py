@@ -185,6 +185,63 @@ def test_the_internals_thread_table_lists_every_thread_the_code_starts():
     assert not listed - set(in_code), f"docs/internals.md lists threads that are gone: {sorted(listed - set(in_code))}"
 
 
+# What ends a rank, or makes its agent end it, by the name of the call: the driver's Abort to an agent, the
+# channel closing a proven agent's connection (``_lost``) or every one (``channel.close``), the launcher's cancel
+# of the Spark job, the agent's end of its rank process (``terminate``: SIGTERM to its reaper), and the reaper's
+# signals to the rank and what it left. The agent cutting its connection to the driver (``shutdown``, in agent/)
+# ends its rank too.
+_ENDS_A_RANK = {"abort", "_lost", "channel.close", "cancel", "terminate", "_terminate", "_end_everything_below"}
+
+
+def rank_enders(runner: Path) -> dict[str, set[str]]:
+    """Every function of the runner that ends a rank (``path: Class.function``), by the calls in its body that do."""
+
+    def ends(function: ast.AST, in_agent: bool) -> set[str]:
+        found = set()
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and ast.unparse(node) == "channel.close":
+                found.add("channel.close")  # (the supervisor's clean-up steps name it, and call it later)
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name in _ENDS_A_RANK or (in_agent and name == "shutdown" and "SHUT_RDWR" in ast.unparse(node)):
+                found.add(name)
+        return found
+
+    def functions(body: list[ast.stmt], prefix: str = "") -> list[tuple[str, ast.AST]]:
+        found: list[tuple[str, ast.AST]] = []
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                found += functions(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.FunctionDef):
+                found.append((f"{prefix}{node.name}", node))
+        return found
+
+    enders = {}
+    for path in sorted(runner.rglob("*.py")):
+        where = str(path.relative_to(runner))
+        for name, function in functions(ast.parse(path.read_text()).body):
+            called = ends(function, where.startswith("agent/"))
+            if called:
+                enders[f"{where}: {name}"] = called
+    return enders
+
+
+def test_the_internals_table_of_who_ends_a_rank_names_every_function_that_does():
+    """docs/internals.md's "Who ends a rank": each function it names exists and ends a rank, and none that ends
+    one is left out (a new way to end a rank is a new row, with when and what the outcome then says)."""
+    in_code = rank_enders(ROOT / "airflow_provider_hvd" / "runner")
+    rows = markdown_table(ROOT / "docs" / "internals.md", "Who ends a rank")
+    listed = [m.group(1) for row in rows if (m := re.fullmatch(r"`([\w/.]+\.py: [\w.]+)`", row[0]))]
+    assert len(listed) == len(rows) >= 10 and all(len(row) == 3 for row in rows)  # who, when, what the outcome says
+    assert len(listed) == len(set(listed)), sorted(name for name in listed if listed.count(name) > 1)
+    missing = {name: sorted(calls) for name, calls in in_code.items() if name not in listed}
+    assert not missing, f"functions that end a rank, missing from docs/internals.md's table: {missing}"
+    assert not set(listed) - set(in_code), (
+        f"docs/internals.md says these end a rank, and they do not (or are gone): {sorted(set(listed) - set(in_code))}"
+    )
+
+
 def test_the_internals_frame_table_lists_every_frame_kind():
     from airflow_provider_hvd.runner.shared.wire import Kind
 

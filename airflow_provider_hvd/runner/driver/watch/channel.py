@@ -58,6 +58,7 @@ from ...shared.timing import SEND_TIMEOUT_S
 from ...shared.tls import PLAIN, Session, server_session
 from ...shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
 from ..launch.address import listening_socket
+from .phases import RankPhase
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 rank_log = logging.getLogger("airflow_provider_hvd.ranks")
@@ -109,6 +110,8 @@ class AgentConnection:
         self._send_lock = threading.Lock()  # the supervisor writes; the channel's loop reads and closes
         self._closed = False
         self.rank: int | None = None
+        self.phase = RankPhase.WAITING  # its rank's, as the supervisor sees it (.phases)
+        self.returned = False  # its rank's main returned (it may have failed in its exit work since, or be lost)
         self.hello: Hello | None = None
         self.result: wire.Body | None = None  # rank 0's pickled result, as it came (messages.unpickle reads it)
         self.done: Done | None = None
@@ -135,6 +138,13 @@ class AgentConnection:
 
     def where(self) -> str:
         return self.hello.where() if self.hello else f"at {self.peer}"
+
+    def enter(self, phase: RankPhase) -> None:
+        """Its rank is in ``phase`` now (the supervisor's view); ValueError for a step back, or out of an end."""
+        if not self.phase.may_become(phase):
+            raise ValueError(f"the rank of the agent {self.where()} cannot go from {self.phase.value} to {phase.value}")
+        self.phase = phase
+        self.returned = self.returned or phase is RankPhase.RETURNED
 
     def _send(self, message: Message) -> None:
         self.write_bytes(frame(message))

@@ -40,6 +40,7 @@ from ..verdict.outcome import Phase, RunOutcome
 from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
 from ..verdict.stacks import CodeFiles, where_ranks_were
 from .channel import AgentConnection, ChannelEvent, DriverChannel
+from .phases import RankPhase
 from .stalls import StallWatch, activity_period, collect_stacks
 
 log = logging.getLogger("airflow_provider_hvd.runner")
@@ -80,10 +81,8 @@ class Supervisor:
         self._verbosity = verbosity
         self._cancelled = cancelled
         self._start_timeout_s = start_timeout_s
-        self._agents: list[AgentConnection] = []  # in the order they said hello
-        self._finished: set[int] = set()  # ids of connections that reported or were lost
-        self._returned: set[int] = set()  # ids of connections whose rank's main returned (it may still be exiting)
-        self._exit_timeout_s = exit_timeout_s  # the ranks' exit work once every rank returned (.exits)
+        self._agents: list[AgentConnection] = []  # in the order they said hello; each has its rank's phase
+        self._exit_timeout_s = exit_timeout_s  # the ranks' exit work once every rank returned (..verdict.exits)
         self._outcome = RunOutcome(self.size)
         self._kind: RankKind = kind or horovod_kind()
         self._kind_open = False
@@ -91,10 +90,14 @@ class Supervisor:
         self._liveness = liveness or Liveness()
         self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
         self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
-        self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (..shared.tls)
+        self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (...shared.tls)
         self._tracking = tracking
         self._task_reasons: dict[Task, str] = {}  # Spark's reason for each task it ended (the launcher's TaskEnded)
         self._launch_failure: LaunchFailed | None = None  # the launcher's latest word of its failure
+        self._launch_failed_at: float | None = None  # when the launcher first said it failed
+        self._start_deadline = 0.0  # (time.monotonic()) every agent says hello by then
+        self._exit_deadline: float | None = None  # every rank returned: their exit work is waited for until then
+        self._abort_deadline: float | None = None  # the cause was decided: the ranks are waited for until then
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
 
@@ -172,55 +175,90 @@ class Supervisor:
         self._tracking.take(rank, message)
 
     def _running(self) -> list[AgentConnection]:
-        return [conn for conn in self._agents if conn.rank is not None and id(conn) not in self._finished]
+        """The agents whose rank process runs (its ``main``, or its exit work)."""
+        return [conn for conn in self._agents if conn.phase.running]
+
+    # the watch: each pass of the loop makes every check, in this order (who ends a rank: docs/internals.md)
 
     def _watch(self, channel: DriverChannel) -> None:
-        start_deadline = time.monotonic() + self._start_timeout_s
-        abort_deadline: float | None = None
-        exit_deadline: float | None = None  # every rank returned: their exit work is waited for until then
-        launch_failed_at: float | None = None
+        self._start_deadline = time.monotonic() + self._start_timeout_s
         while True:
-            if self._cancelled():
-                if not self._outcome.ending:
-                    self._say_where_ranks_are("the run was cancelled")
-                self._record(Cancelled())
+            self._check_cancel()
             self._progress.tick()
-            try:
-                self._on_event(channel.events.get(timeout=_POLL_S))
-            except queue.Empty:
-                pass
-            self._end_others(self._outcome.due())  # the window after a first failure has passed: name the cause
+            self._check_events(channel)
+            self._check_settle_window()
             now = time.monotonic()
-            self._take_launch_events(self.launcher.poll())
-            failure = self._launch_failure
-            if failure is not None and not self._outcome.ending:
-                launch_failed_at = launch_failed_at or now
-                if now - launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
-                    self._record(failure)
-            if self._outcome.phase is Phase.STARTING and now > start_deadline:
-                self._record(
-                    StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe())
-                )
-            if self._stalls is not None and self._outcome.phase is Phase.RUNNING:
-                stalled = self._stalls.check(self._running(), now)
-                if stalled is not None:
-                    log.warning(
-                        "%s: %s; the ranks' Python stacks:\n%s", self._runner, stalled.reason(), stalled.dumps()
-                    )
-                    self._record(stalled)
-            if self._outcome.ending:
-                if self._outcome.cause is None and abort_deadline is None:  # every rank returned: the run succeeded
-                    if exit_deadline is None:
-                        exit_deadline = now + self._exit_timeout_s
-                        if self._running():
-                            running, timeout = len(self._running()), self._exit_timeout_s
-                            log.info("%s", exit_work_awaited(running, timeout, self._runner))
-                    if now > exit_deadline and self._running():
-                        self._end_slow_exits()
-                if self._outcome.cause is not None or (exit_deadline is not None and now > exit_deadline):
-                    abort_deadline = abort_deadline or now + ABORT_WAIT_S
-                if not self._running() or (abort_deadline is not None and now > abort_deadline):
-                    return
+            self._check_launch_events(now)
+            self._check_start_timeout(now)
+            self._check_stall(now)
+            self._check_exit_timeout(now)
+            if self._check_abort_deadline(now):
+                return
+
+    def _check_cancel(self) -> None:
+        """``cancel()`` was called: the run ends (its ranks' stacks logged first, if it had not ended already)."""
+        if self._cancelled():
+            if not self._outcome.ending:
+                self._say_where_ranks_are("the run was cancelled")
+            self._record(Cancelled())
+
+    def _check_events(self, channel: DriverChannel) -> None:
+        """The channel's next event (an agent's hello, its rank returned, its report, its connection's end), if one
+        comes within the loop's period."""
+        try:
+            self._on_event(channel.events.get(timeout=_POLL_S))
+        except queue.Empty:
+            pass
+
+    def _check_settle_window(self) -> None:
+        """The window after a first failure has passed (the reports racing it are in): name the cause."""
+        self._end_others(self._outcome.due())
+
+    def _check_launch_events(self, now: float) -> None:
+        """What the launcher says (a Spark job that failed, Spark's reason for a task it ended); a launch failure
+        ends the run once the agents' reports racing it had ``LAUNCH_FAILURE_SETTLE_S`` to arrive."""
+        self._take_launch_events(self.launcher.poll())
+        failure = self._launch_failure
+        if failure is not None and not self._outcome.ending:
+            self._launch_failed_at = self._launch_failed_at or now
+            if now - self._launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
+                self._record(failure)
+
+    def _check_start_timeout(self, now: float) -> None:
+        """Not every agent said hello within the ranks' start timeout: the run ends."""
+        if self._outcome.phase is Phase.STARTING and now > self._start_deadline:
+            self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+
+    def _check_stall(self, now: float) -> None:
+        """No running rank was active for ``stall_timeout``: once their stacks are in (or late), the run ends."""
+        if self._stalls is None or self._outcome.phase is not Phase.RUNNING:
+            return
+        stalled = self._stalls.check(self._running(), now)
+        if stalled is not None:
+            log.warning("%s: %s; the ranks' Python stacks:\n%s", self._runner, stalled.reason(), stalled.dumps())
+            self._record(stalled)
+
+    def _check_exit_timeout(self, now: float) -> None:
+        """Every rank returned (the run succeeded): their exit work gets ``exit_timeout``, then those still in it
+        are ended."""
+        if not self._outcome.ending or self._outcome.cause is not None or self._abort_deadline is not None:
+            return
+        if self._exit_deadline is None:
+            self._exit_deadline = now + self._exit_timeout_s
+            if self._running():
+                log.info("%s", exit_work_awaited(len(self._running()), self._exit_timeout_s, self._runner))
+        if now > self._exit_deadline and self._running():
+            self._end_slow_exits()
+
+    def _check_abort_deadline(self, now: float) -> bool:
+        """Whether the watch is over: every rank has ended, or ``ABORT_WAIT_S`` passed since the cause (or since
+        the exit timeout ended the slow exits): those still running are ended by the channel's close."""
+        if not self._outcome.ending:
+            return False
+        exits_over = self._exit_deadline is not None and now > self._exit_deadline
+        if self._outcome.cause is not None or exits_over:
+            self._abort_deadline = self._abort_deadline or now + ABORT_WAIT_S
+        return not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
 
     def _take_launch_events(self, events: list[LaunchEvent]) -> None:
         for event in events:
@@ -249,8 +287,8 @@ class Supervisor:
             "%s: %s; where the ranks were (innermost frames first):\n%s", self._runner, why, where_ranks_were(ranks)
         )
 
-    def _agents_started(self) -> int:
-        return sum(conn.rank is not None for conn in self._agents)
+    def _agents_started(self) -> bool:
+        return any(conn.rank is not None for conn in self._agents)
 
     def _record(self, event: Event) -> None:
         if isinstance(event, AgentLost | HostLost) and event.after_return and self._outcome.cause is None:
@@ -258,77 +296,88 @@ class Supervisor:
         self._end_others(self._outcome.record(event))
 
     def _end_others(self, cause: Event | None) -> None:
-        """The run's cause was decided: end every rank still running, telling it why."""
+        """The run's cause was decided: end every rank not over yet (waiting ones too), telling it why."""
         if cause is None:
             return
         reason = abort_reason(cause)
-        waiting = [conn for conn in self._agents if id(conn) not in self._finished]
+        waiting = [conn for conn in self._agents if not conn.phase.over]
         log.warning("%s: %s; ending %d running rank(s)", self._runner, reason, len(self._running()))
         for conn in waiting:
             conn.abort(reason)
 
+    # what the channel says, by kind
+
     def _on_event(self, event: ChannelEvent) -> None:
         conn, message = event.conn, event.message
         if isinstance(message, Hello):
-            intruded = self._not_of_this_job(conn, message)
-            if intruded is not None:  # before anything of that agent's is read, its rank 0 result above all
-                conn.abort("another agent has this Spark task's place in the run")
-                self._record(LaunchFailed(self.launcher.describe(), intruded))
-                return
-            if self._agents_started() or self._outcome.ending:
-                conn.abort("this run has already started or ended; a re-run task cannot join it")
-                return
-            self._agents.append(conn)
-            if len(self._agents) == self.size:
-                self._start_ranks()
+            self._on_hello(conn, message)
             return
-        if conn not in self._agents:
-            return  # a turned-away agent, or a connection that never said hello
-        if id(conn) in self._finished:
-            return  # already accounted for, with its host (_host_lost)
+        if conn not in self._agents or conn.phase.over:
+            return  # a turned-away agent, a connection that never said hello; or one accounted for (_host_lost)
         if isinstance(message, Returned):  # its main returned: the rank succeeded, its exit work goes on
-            self._returned.add(id(conn))
+            conn.enter(RankPhase.RETURNED)
             self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
             return
-        self._finished.add(id(conn))
-        where = conn.where()
         received_at = time.time()  # what a failure's own source time falls back on (see outcome.source_time)
         if isinstance(message, Done):
-            if message.ok:
-                self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
-            else:
-                evidence = message.kill_evidence and {
-                    **message.kill_evidence,
-                    "memory_settings": self._memory_settings(),
-                }
-                returned = id(conn) in self._returned
-                if returned and message.terminated_by is None:
-                    log.warning("%s", exit_failed(conn.rank, where, describe_exit(message.exit_code), self._runner))
-                failed = RankFailed(
-                    conn.rank,  # type: ignore[arg-type]
-                    where,
-                    message,
-                    received_at=received_at,
-                    kill_evidence=evidence,
-                    after_return=returned,
-                )
-                self._record(failed)
+            self._on_done(conn, message, received_at)
         elif isinstance(message, AgentFailedMessage):
-            self._record(AgentFailed(conn.rank, where, message.error, received_at=received_at))
-        elif event.silent_for is not None and self._host_lost(conn, event.silent_for, received_at):
-            return
+            conn.enter(RankPhase.FAILED)
+            self._record(AgentFailed(conn.rank, conn.where(), message.error, received_at=received_at))
         else:
-            hello = conn.hello
-            task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
-            lost = AgentLost(
-                conn.rank,
-                where,
-                event.lost,
-                task,  # type: ignore[arg-type]
-                received_at=received_at,
-                after_return=id(conn) in self._returned,
-            )
-            self._record(lost)
+            self._on_lost(conn, event, received_at)
+
+    def _on_hello(self, conn: AgentConnection, hello: Hello) -> None:
+        """An agent said hello: it waits for its rank's start, once every agent has said it; one that comes once
+        the run started or ended (a re-run task), or one not of this job, is turned away."""
+        intruded = self._not_of_this_job(conn, hello)
+        if intruded is not None:  # before anything of that agent's is read, its rank 0 result above all
+            conn.abort("another agent has this Spark task's place in the run")
+            self._record(LaunchFailed(self.launcher.describe(), intruded))
+            return
+        if self._agents_started() or self._outcome.ending:
+            conn.abort("this run has already started or ended; a re-run task cannot join it")
+            return
+        self._agents.append(conn)
+        if len(self._agents) == self.size:
+            self._start_ranks()
+
+    def _on_done(self, conn: AgentConnection, done: Done, received_at: float) -> None:
+        """The agent's report of how its rank process ended."""
+        conn.enter(RankPhase.ENDED if done.ok else RankPhase.FAILED)
+        if done.ok:
+            self._record(RankSucceeded(conn.rank))  # type: ignore[arg-type]
+            return
+        where = conn.where()
+        evidence = done.kill_evidence and {**done.kill_evidence, "memory_settings": self._memory_settings()}
+        if conn.returned and done.terminated_by is None:
+            log.warning("%s", exit_failed(conn.rank, where, describe_exit(done.exit_code), self._runner))
+        failed = RankFailed(
+            conn.rank,  # type: ignore[arg-type]
+            where,
+            done,
+            received_at=received_at,
+            kill_evidence=evidence,
+            after_return=conn.returned,
+        )
+        self._record(failed)
+
+    def _on_lost(self, conn: AgentConnection, event: ChannelEvent, received_at: float) -> None:
+        """The agent's connection ended before its report, or went silent (its host may be lost with it)."""
+        conn.enter(RankPhase.LOST)
+        if event.silent_for is not None and self._host_lost(conn, event.silent_for, received_at):
+            return
+        hello = conn.hello
+        task = (hello.partition, hello.attempt) if hello and hello.attempt is not None else None
+        lost = AgentLost(
+            conn.rank,
+            conn.where(),
+            event.lost,
+            task,  # type: ignore[arg-type]
+            received_at=received_at,
+            after_return=conn.returned,
+        )
+        self._record(lost)
 
     def _not_of_this_job(self, conn: AgentConnection, hello: Hello) -> str | None:
         """Why ``hello`` shows that an agent not of this job proved the run's secret, or None.
@@ -382,21 +431,20 @@ class Supervisor:
         if any(now - other.last_heard < quiet for other in others):
             return False
         for other in others:
-            self._finished.add(id(other))  # their own silence, when the channel notices it, is not news
+            other.enter(RankPhase.LOST)  # their own silence, when the channel notices it, is not news
         ranks = tuple(sorted([conn.rank, *(other.rank for other in others if other.rank is not None)]))
         detail = (
             f"for {silent_for:.0f}s (heartbeat timeout {self._liveness.timeout_s:g}s): the host is down, or the "
             "network between it and this driver is cut"
         )
-        returned = all(id(lost) in self._returned for lost in [conn, *others])
+        returned = all(lost.returned for lost in [conn, *others])
         self._record(HostLost(ranks, host, conn.hello.hostname, detail, received_at, after_return=returned))
         return True
 
     def _memory_settings(self) -> dict[str, str]:
-        """The launcher's memory settings (Spark's), for a killed rank's evidence (.kills)."""
-        settings = getattr(self.launcher, "memory_settings", None)
+        """The launcher's memory settings (Spark's), for a killed rank's evidence (..verdict.kills)."""
         try:
-            return settings() if settings else {}
+            return self.launcher.memory_settings()
         except Exception:  # noqa: BLE001 - the SparkContext may be gone: the settings are a nicety
             return {}
 
@@ -410,6 +458,8 @@ class Supervisor:
             if self._tracking is not None:
                 env.update(self._tracking.rank_env(slot.rank))
             start = Start(slot.rank, self._kind.name, env, slot.local_size, seen)
+            if not conn.phase.over:  # (one lost while it waited is sent its Start all the same: it fails at once)
+                conn.enter(RankPhase.STARTED)
             try:
                 conn.start(start)
             except OSError:
