@@ -165,12 +165,13 @@ class TrainingJobOperator(BaseOperator):
             self._hook.add_openlineage_conf(self._openlineage_conf(context))
         progress = self._task_state_progress(context)
         self.mlflow_run = self._mlflow_run(context)
-        tracking = {"mlflow": self.mlflow_run.settings()} if self.mlflow_run else {}
+        settings = {name: getattr(self, name) for name in task_setting_names()}
+        # the task's mlflow= (a dict) becomes its try's MLflow run's settings
+        settings["mlflow"] = self.mlflow_run.settings() if self.mlflow_run else None
         self._runner = runner = self.make_runner(
-            **{name: getattr(self, name) for name in task_setting_names()},
+            **settings,
             resume_from=progress.last_checkpoint() if progress else None,
             progress_sink=progress,
-            **tracking,
         )
         try:
             value = self._hook.run_job(runner, lambda: self.start(runner, self.op_args, kwargs), local=local)
