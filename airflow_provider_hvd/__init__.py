@@ -1,7 +1,8 @@
 """Distributed deep learning with Horovod or torch.distributed, launched on Spark, driven from Airflow.
 
-``HorovodRunner``, ``TorchDistributor``, ``log_to_driver`` and the progress API (``log_metrics``,
-``report_checkpoint``, ``last_checkpoint``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator``,
+``HorovodRunner``, ``TorchDistributor``, ``log_to_driver``, the progress API (``log_metrics``,
+``report_checkpoint``, ``last_checkpoint``) and a rank's DataFrame shard (``dataframe_shard``,
+``get_spark_partition_data_loader``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator``,
 ``TorchDistributorOperator``, ``horovod_task`` and ``torch_distributed_task`` need it. Every name is imported
 on first use: importing the package (as Airflow does to discover the provider) imports neither Airflow nor
 Horovod, torch or pyspark.
@@ -27,6 +28,9 @@ _EXPORTS = {
     "log_metrics": "airflow_provider_hvd.runner.rank.progress",
     "report_checkpoint": "airflow_provider_hvd.runner.rank.progress",
     "last_checkpoint": "airflow_provider_hvd.runner.rank.progress",
+    "DataFrameShard": "airflow_provider_hvd.runner.rank.dataframe",
+    "dataframe_shard": "airflow_provider_hvd.runner.rank.dataframe",
+    "get_spark_partition_data_loader": "airflow_provider_hvd.runner.rank.partition_loader",
     "HorovodHook": "airflow_provider_hvd.hooks.horovod",
     "HorovodRunnerOperator": "airflow_provider_hvd.operators.horovod",
     "horovod_task": "airflow_provider_hvd.decorators.horovod",
@@ -35,6 +39,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "DataFrameShard",
     "HorovodHook",
     "HorovodRunner",
     "HorovodRunnerError",
@@ -45,6 +50,8 @@ __all__ = [
     "RunStalledError",
     "TorchDistributor",
     "TorchDistributorOperator",
+    "dataframe_shard",
+    "get_spark_partition_data_loader",
     "horovod_task",
     "last_checkpoint",
     "log_metrics",
@@ -67,6 +74,8 @@ if TYPE_CHECKING:
         RunStalledError,
     )
     from airflow_provider_hvd.runner.rank.control import log_to_driver
+    from airflow_provider_hvd.runner.rank.dataframe import DataFrameShard, dataframe_shard
+    from airflow_provider_hvd.runner.rank.partition_loader import get_spark_partition_data_loader
     from airflow_provider_hvd.runner.rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from airflow_provider_hvd.runner.runner import HorovodRunner
     from airflow_provider_hvd.runner.torch_distributor import TorchDistributor

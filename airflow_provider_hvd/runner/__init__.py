@@ -11,6 +11,8 @@ from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancell
 
 if TYPE_CHECKING:
     from .rank.control import log_to_driver
+    from .rank.dataframe import DataFrameShard, dataframe_shard
+    from .rank.partition_loader import get_spark_partition_data_loader
     from .rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from .runner import HorovodRunner
     from .torch_distributor import TorchDistributor
@@ -23,9 +25,13 @@ _LAZY = {
     "log_metrics": ".rank.progress",
     "report_checkpoint": ".rank.progress",
     "last_checkpoint": ".rank.progress",
+    "DataFrameShard": ".rank.dataframe",
+    "dataframe_shard": ".rank.dataframe",
+    "get_spark_partition_data_loader": ".rank.partition_loader",
 }
 
 __all__ = [
+    "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",
     "LaunchError",
@@ -33,6 +39,8 @@ __all__ = [
     "RunCancelledError",
     "RunStalledError",
     "TorchDistributor",
+    "dataframe_shard",
+    "get_spark_partition_data_loader",
     "last_checkpoint",
     "log_metrics",
     "log_to_driver",

@@ -1,0 +1,181 @@
+"""A shard's columns as NumPy arrays, read from the memory-mapped Arrow file: what each Arrow type becomes.
+
+- numbers, booleans, dates, timestamps and durations: NumPy arrays of their type, read in place (no copy)
+  where Arrow's and NumPy's layouts agree (numbers without nulls, timestamps, durations); numbers with nulls
+  as floats with NaN, booleans with nulls as objects (Arrow's ``to_numpy``);
+- strings and binary (and decimals): object arrays of ``str``, ``bytes`` (``Decimal``);
+- arrays of numbers or booleans, and Spark ML vectors (dense and sparse, Spark's struct encoding of
+  ``VectorUDT``): 2-D arrays, vectors as float64; rows of different lengths (or null) as an object array of
+  1-D arrays (``None`` for null);
+- anything else (maps, other structs, nested arrays, times of day, intervals of months): :class:`TypeError`,
+  naming the column and its type. :func:`..driver.dataframe_plan.unsupported_type` is the driver's side of
+  the same rule, on Spark's types.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pat
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+_VECTOR_FIELDS = {
+    "type": pa.int8(),
+    "size": pa.int32(),
+    "indices": pa.list_(pa.int32()),
+    "values": pa.list_(pa.float64()),
+}
+_DENSE, _SPARSE = 1, 0  # VectorUDT's "type" field
+
+
+def is_vector(data_type: pa.DataType) -> bool:
+    """Whether ``data_type`` is Spark ML's ``VectorUDT`` as it travels in Arrow (its sqlType, a struct)."""
+    if not pat.is_struct(data_type) or data_type.num_fields != len(_VECTOR_FIELDS):
+        return False
+    fields = {data_type.field(i).name: data_type.field(i).type for i in range(data_type.num_fields)}
+    return all(name in fields and _same_list(fields[name], t) for name, t in _VECTOR_FIELDS.items())
+
+
+def _same_list(got: pa.DataType, want: pa.DataType) -> bool:
+    if pat.is_list(want):
+        return bool((pat.is_list(got) or pat.is_large_list(got)) and got.value_type == want.value_type)
+    return bool(got == want)
+
+
+def _numeric(data_type: pa.DataType) -> bool:
+    return bool(pat.is_integer(data_type) or pat.is_floating(data_type) or pat.is_boolean(data_type))
+
+
+def _is_list(data_type: pa.DataType) -> bool:
+    return bool(pat.is_list(data_type) or pat.is_large_list(data_type) or pat.is_fixed_size_list(data_type))
+
+
+def _scalar(data_type: pa.DataType) -> bool:
+    return bool(
+        _numeric(data_type)
+        or pat.is_decimal(data_type)
+        or pat.is_string(data_type)
+        or pat.is_large_string(data_type)
+        or pat.is_binary(data_type)
+        or pat.is_large_binary(data_type)
+        or pat.is_fixed_size_binary(data_type)
+        or pat.is_date(data_type)
+        or pat.is_timestamp(data_type)
+        or pat.is_duration(data_type)
+        or pat.is_null(data_type)
+    )
+
+
+def column_kind(name: str, data_type: pa.DataType) -> str:
+    """``"scalar"``, ``"list"`` or ``"vector"``; TypeError for a type the ranks cannot read."""
+    if pat.is_dictionary(data_type):
+        data_type = data_type.value_type
+    if _scalar(data_type):
+        return "scalar"
+    if _is_list(data_type) and _numeric(data_type.value_type):
+        return "list"
+    if is_vector(data_type):
+        return "vector"
+    raise TypeError(
+        f"column {name!r} is of Arrow type {data_type}, which dataframe_shard() cannot give as a NumPy array; "
+        "leave it out (columns=[...]), or convert it in Spark before the run"
+    )
+
+
+def fixed_width_view(array: pa.Array) -> NDArray[Any] | None:
+    """``array``'s values in place (no copy), where its layout is NumPy's: numbers without nulls, timestamps..."""
+    if (
+        array.null_count
+        or pat.is_boolean(array.type)
+        or not (
+            pat.is_integer(array.type)
+            or pat.is_floating(array.type)
+            or pat.is_timestamp(array.type)
+            or pat.is_duration(array.type)
+        )
+    ):
+        return None
+    view: NDArray[Any] = array.to_numpy(zero_copy_only=True)
+    return view
+
+
+def _rows_2d(values: NDArray[Any], offsets: NDArray[Any], valid: NDArray[Any] | None) -> NDArray[Any]:
+    """Rows ``values[offsets[i]:offsets[i+1]]`` as a 2-D array when all have one length, else 1-D objects."""
+    lengths = np.diff(offsets)
+    if valid is None and len(lengths) and (lengths == lengths[0]).all():
+        start = offsets[0]
+        return values[start : start + lengths.sum()].reshape(len(lengths), int(lengths[0]))
+    rows = np.empty(len(lengths), dtype=object)
+    for i in range(len(lengths)):
+        rows[i] = values[offsets[i] : offsets[i + 1]] if valid is None or valid[i] else None
+    return rows
+
+
+def _list_values(array: pa.Array) -> tuple[NDArray[Any], NDArray[Any]]:
+    """The flat values and the offsets (into them) of a list array."""
+    if pat.is_fixed_size_list(array.type):
+        flat = array.flatten()  # (the slice's values only)
+        size = array.type.list_size
+        return flat.to_numpy(zero_copy_only=False), np.arange(len(array) + 1) * size
+    offsets = array.offsets.to_numpy()
+    values = array.values.to_numpy(zero_copy_only=False)
+    return values, offsets
+
+
+def _valid(array: pa.Array) -> NDArray[Any] | None:
+    return None if not array.null_count else array.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _vectors(array: pa.StructArray) -> NDArray[Any]:
+    """Spark ML vectors as float64 rows: 2-D when all have one size, else 1-D objects (``None`` for null)."""
+    kinds = array.field("type").to_numpy(zero_copy_only=False)
+    sizes = array.field("size")
+    values, value_offsets = _list_values(array.field("values"))
+    indices, index_offsets = _list_values(array.field("indices"))
+    dense = kinds == _DENSE
+    lengths = np.where(dense, np.diff(value_offsets), sizes.fill_null(0).to_numpy(zero_copy_only=False))
+    valid = _valid(array)
+    n = len(array)
+    if valid is None and n and (lengths == lengths[0]).all():
+        out = np.zeros((n, int(lengths[0])), dtype=np.float64)
+        rows = np.flatnonzero(dense)
+        if rows.size:  # each dense row's values, in place
+            starts = value_offsets[rows]
+            out[rows] = values[starts[:, None] + np.arange(out.shape[1])]
+        rows = np.flatnonzero(~dense)
+        if rows.size:  # each sparse row's values at its indices
+            counts = np.diff(index_offsets)[rows]
+            row_of = np.repeat(rows, counts)
+            taken = np.concatenate([np.arange(index_offsets[r], index_offsets[r + 1]) for r in rows])
+            out[row_of, indices[taken]] = values[value_offsets[row_of] + (taken - index_offsets[row_of])]
+        return out
+    result = np.empty(n, dtype=object)
+    for i in range(n):
+        if valid is not None and not valid[i]:
+            result[i] = None
+        elif dense[i]:
+            result[i] = values[value_offsets[i] : value_offsets[i + 1]].astype(np.float64)
+        else:
+            vector = np.zeros(int(lengths[i]), dtype=np.float64)
+            vector[indices[index_offsets[i] : index_offsets[i + 1]]] = values[value_offsets[i] : value_offsets[i + 1]]
+            result[i] = vector
+    return result
+
+
+def to_numpy(array: pa.Array, kind: str) -> NDArray[Any]:
+    """One column's rows (an Arrow array of :func:`column_kind` ``kind``) as NumPy."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if isinstance(array, pa.DictionaryArray):
+        array = array.dictionary_decode()
+    if kind == "scalar":
+        values: NDArray[Any] = array.to_numpy(zero_copy_only=False)
+        return values
+    if kind == "vector":
+        return _vectors(array)
+    flat, offsets = _list_values(array)
+    return _rows_2d(flat, offsets, _valid(array))

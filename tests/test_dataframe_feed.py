@@ -1,0 +1,544 @@
+"""A DataFrame's rows into the ranks: the shard plan on Spark (classic local[2] and Spark Connect), the barrier
+tasks' shard files, and the ranks' reads of them (dataframe_shard(), get_spark_partition_data_loader), against
+PySpark's own loader on the same files."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pytest
+import torch
+from connect_server import connect_session
+from dataframe_jobs import arrow_rows, run_shards, shards_of
+
+from airflow_provider_hvd import dataframe_shard
+from airflow_provider_hvd.runner import reaper
+from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+from airflow_provider_hvd.runner.driver.dataframe_plan import murmur3_int, partition_keys, plan_shards
+from airflow_provider_hvd.runner.shared.naming import TORCH_DISTRIBUTOR
+from airflow_provider_hvd.runner.shared.shards import SHARD_ENV, FeedSpec
+
+
+@pytest.fixture(params=["local[2]", "connect"])
+def spark(request):
+    """The module's local[2] session, or a Spark Connect session to the local server (its own for the test)."""
+    if request.param == "local[2]":
+        yield request.getfixturevalue("spark_local")
+        return
+    with connect_session(request.getfixturevalue("connect_local")) as session:
+        yield session
+
+
+def ids_of(shard) -> list[int]:
+    return [int(i) for batch in shard.iter_batches(16, columns=["id"]) for i in batch["id"]]
+
+
+def uneven(spark):
+    """113 rows in 5 partitions of 25, 26, 26, 26 and 10 rows: ids 0-102, then 1000-1009."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 103, numPartitions=4).union(spark.range(1000, 1010, numPartitions=1))
+    return df.select("id", (F.col("id") * 0.5).alias("half"))
+
+
+def expected_shards(rows: list[int], ranks: int) -> list[list[int]]:
+    n = len(rows)
+    return [rows[r * n // ranks : (r + 1) * n // ranks] for r in range(ranks)]
+
+
+# --- the plan, on Spark ---
+
+
+def test_the_keys_fall_in_their_partitions_as_sparks_hash_partitioning_sends_them(spark_local):
+    from pyspark.sql import functions as F
+
+    hashes = spark_local.range(-500, 500).select("id", F.hash(F.col("id").cast("int")).alias("h")).collect()
+    assert [murmur3_int(row["id"]) for row in hashes] == [row["h"] for row in hashes]
+    keys = partition_keys(7)
+    landed = (
+        spark_local.createDataFrame([(k,) for k in keys], "k int")
+        .repartition(7, "k")
+        .select("k", F.spark_partition_id().alias("p"))
+        .collect()
+    )
+    assert {row["k"]: row["p"] for row in landed} == {k: t for t, k in enumerate(keys)}
+
+
+@pytest.mark.parametrize(("ranks", "per_task"), [(3, 1), (4, 2)])
+def test_each_rank_gets_its_contiguous_rows_in_sparks_order(spark, ranks, per_task):
+    """5 uneven partitions into 3 ranks, or into 4 ranks 2 per task: rank r gets the global rows
+    [floor(r*N/np), floor((r+1)*N/np)) in Spark's order, in order; one barrier task per partition of the plan."""
+    shards = shards_of(uneven(spark), spark, ranks, ids_of, per_task)
+    rows = [*range(103), *range(1000, 1010)]
+    assert {r: shards[r]["result"] for r in shards} == dict(enumerate(expected_shards(rows, ranks)))
+    for r, shard in shards.items():
+        assert (shard["task"], shard["process"], shard["tasks"]) == (r // per_task, r % per_task, ranks // per_task)
+        assert shard["info"].rows == len(shard["result"]) and shard["info"].min_rows == 113 // ranks
+    assert max(map(len, (s["result"] for s in shards.values()))) - min(len(s["result"]) for s in shards.values()) <= 1
+
+
+def test_a_dataframe_of_np_equal_partitions_gives_rank_i_partition_i(spark_local):
+    """PySpark's assignment, where the partitions already match the ranks."""
+    from pyspark.sql import functions as F
+
+    df = spark_local.range(0, 40, numPartitions=4).withColumn("p", F.spark_partition_id())
+    shards = shards_of(df, spark_local, 4, lambda shard: sorted({int(p) for p in shard.take(range(10))["p"]}))
+    assert {r: s["result"] for r, s in shards.items()} == {r: [r] for r in range(4)}
+
+
+def test_the_count_sees_the_partitions_adaptive_execution_gives_the_job(spark_local):
+    """A DataFrame that ends with a shuffle adaptive execution coalesces by its size: counted without its
+    columns it would be one partition (measured: 1, against 42 in the job) and the tasks' rows would not be
+    those planned."""
+    from pyspark.sql import functions as F
+
+    settings = {
+        "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16k",
+        "spark.sql.adaptive.coalescePartitions.minPartitionSize": "16k",
+    }
+    before = {key: spark_local.conf.get(key) for key in settings}
+    for key, value in settings.items():
+        spark_local.conf.set(key, value)
+    try:
+        base = spark_local.range(0, 20000, numPartitions=2).select(
+            (F.col("id") % 400).alias("k"), F.sha2(F.col("id").cast("string"), 512).alias("s")
+        )
+        df = base.groupBy("k").agg(F.collect_list("s").alias("ss"))
+        plan = plan_shards(df.select("k"), spark_local, 2)  # (no column beyond the key: pruned)
+        assert len(plan.partition_rows) == 1
+        plan = plan_shards(df, spark_local, 2)
+        assert len(plan.partition_rows) > 2, plan.partition_rows
+        shards = run_shards(plan, lambda shard: sorted(int(k) for k in shard.take(range(shard.num_rows))["k"]))
+    finally:
+        for key, value in before.items():
+            spark_local.conf.set(key, value)
+    assert sorted(shards[0]["result"] + shards[1]["result"]) == list(range(400))
+    assert [s["info"].rows for s in shards.values()] == [200, 200]
+
+
+def test_a_coalesced_dataframe_feeds_a_barrier_job(spark_local):
+    """A barrier stage over a coalesced plan is refused by Spark (PySpark's _train_on_dataframe fails on it):
+    the plan's own shuffle starts the barrier stage."""
+    shards = shards_of(spark_local.range(0, 30, numPartitions=4).coalesce(1), spark_local, 2, ids_of)
+    assert {r: s["result"] for r, s in shards.items()} == {0: list(range(15)), 1: list(range(15, 30))}
+
+
+def test_the_plan_refuses_what_it_cannot_feed_in_one_sentence(spark_local):
+    from pyspark.sql import functions as F
+
+    with pytest.raises(ValueError, match=r"^The DataFrame has no rows: HorovodRunner has nothing to give"):
+        plan_shards(spark_local.range(0), spark_local, 2)
+    with pytest.raises(
+        ValueError, match=r"has 3 rows for TorchDistributor\(num_processes=4\).*Lower num_processes to at most 3"
+    ):
+        plan_shards(spark_local.range(3), spark_local, 4, naming=TORCH_DISTRIBUTOR)
+    other = spark_local.newSession()
+    with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession than the one Horovod"):
+        plan_shards(other.range(4), spark_local, 2)
+    one = spark_local.range(1)
+    for column, type_name in [
+        (F.create_map(F.lit("a"), F.col("id")), "map<string,bigint>"),
+        (F.struct(F.col("id")), "struct<id:bigint>"),
+        (F.array(F.lit("a")), "array<string>"),
+        (F.array(F.array(F.lit(1.0))), "array<array<double>>"),
+        (F.make_interval(F.lit(1)), "interval"),
+        (F.parse_json(F.lit("{}")), "variant"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^The DataFrame's column 'x' is of type {type_name}, which the ranks"):
+            plan_shards(one.select(column.alias("x")), spark_local, 1)
+    with pytest.raises(ValueError, match=r"two columns named 'id'"):
+        plan_shards(one.select("id", "id"), spark_local, 1)
+    with pytest.raises(ValueError, match=r"column '__hvd_row' has a name the runner uses itself"):
+        plan_shards(one.withColumnRenamed("id", "__hvd_row"), spark_local, 1)
+
+
+def test_a_dataframe_of_another_connect_session_is_refused(connect_local):
+    with connect_session(connect_local) as spark, connect_session(connect_local) as other:
+        with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession"):
+            plan_shards(other.range(4), spark, 2)
+        with pytest.raises(ValueError, match=r"^The DataFrame has no rows"):
+            plan_shards(spark.range(0), spark, 2)
+
+
+# --- the columns, as Spark's Arrow batches bring them ---
+
+
+def read_types(shard) -> dict:
+    batch = next(shard.iter_batches(8))
+    tensors = {}
+    for name in batch:
+        try:
+            tensors[name] = next(shard.iter_torch_batches(8, columns=[name]))[name]
+        except TypeError as exc:
+            tensors[name] = str(exc)
+    return {"batch": batch, "tensors": tensors, "schema": shard.schema}
+
+
+def test_every_column_type_arrives_as_numpy(spark_local):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("byte", T.ByteType()),
+            T.StructField("short", T.ShortType()),
+            T.StructField("int", T.IntegerType()),
+            T.StructField("long", T.LongType()),
+            T.StructField("float", T.FloatType()),
+            T.StructField("double", T.DoubleType()),
+            T.StructField("int_null", T.IntegerType()),
+            T.StructField("bool", T.BooleanType()),
+            T.StructField("decimal", T.DecimalType(10, 2)),
+            T.StructField("string", T.StringType()),
+            T.StructField("binary", T.BinaryType()),
+            T.StructField("date", T.DateType()),
+            T.StructField("timestamp", T.TimestampType()),
+            T.StructField("timestamp_ntz", T.TimestampNTZType()),
+            T.StructField("duration", T.DayTimeIntervalType()),
+            T.StructField("floats", T.ArrayType(T.FloatType())),
+            T.StructField("ragged", T.ArrayType(T.IntegerType())),
+            T.StructField("dense", VectorUDT()),
+            T.StructField("mixed", VectorUDT()),
+        ]
+    )
+    when = datetime.datetime(2024, 5, 6, 7, 8, 9)
+    rows = [
+        (
+            i,
+            i * 100,
+            i * 10_000,
+            i * 10**10,
+            i + 0.5,
+            i + 0.25,
+            None if i == 1 else i,
+            i % 2 == 0,
+            decimal.Decimal(f"{i}.25"),
+            f"s{i}",
+            bytes([i]),
+            datetime.date(2024, 1, 1 + i),
+            when + datetime.timedelta(seconds=i),
+            when + datetime.timedelta(seconds=i),
+            datetime.timedelta(seconds=i, microseconds=5),
+            [float(i), i + 1.0],
+            list(range(i)),
+            Vectors.dense([i, i + 1.0, i + 2.0]),
+            Vectors.dense([1.0, 2.0, 3.0]) if i % 2 else Vectors.sparse(3, [0, 2], [i + 0.5, 7.0]),
+        )
+        for i in range(4)
+    ]
+    df = spark_local.createDataFrame(rows, schema).repartition(2)
+    got = shards_of(df, spark_local, 1, read_types)[0]["result"]
+    batch, tensors = got["batch"], got["tensors"]
+    order = np.argsort(batch["byte"])  # (repartition(2) spread the rows over the partitions)
+    batch = {name: values[order] for name, values in batch.items()}
+    for name, dtype in [("byte", np.int8), ("short", np.int16), ("int", np.int32), ("long", np.int64)]:
+        assert batch[name].dtype == dtype and tensors[name].dtype == torch.from_numpy(np.zeros(1, dtype)).dtype
+    assert batch["long"].tolist() == [0, 10**10, 2 * 10**10, 3 * 10**10]
+    assert batch["float"].dtype == np.float32 and batch["float"].tolist() == [0.5, 1.5, 2.5, 3.5]
+    assert batch["double"].dtype == np.float64 and tensors["double"].dtype == torch.float64
+    assert np.isnan(batch["int_null"][1]) and batch["int_null"][[0, 2, 3]].tolist() == [0, 2, 3]
+    assert batch["bool"].tolist() == [True, False, True, False] and tensors["bool"].dtype == torch.bool
+    assert batch["decimal"].tolist() == [decimal.Decimal(f"{i}.25") for i in range(4)]
+    assert batch["string"].tolist() == ["s0", "s1", "s2", "s3"] and batch["binary"].tolist() == [
+        bytes([i]) for i in range(4)
+    ]
+    assert batch["date"].dtype == np.dtype("datetime64[D]") and str(batch["date"][1]) == "2024-01-02"
+    assert batch["timestamp"].dtype.kind == batch["timestamp_ntz"].dtype.kind == "M"
+    assert batch["timestamp_ntz"][2] == np.datetime64("2024-05-06T07:08:11")
+    assert batch["duration"].dtype.kind == "m" and batch["duration"][3] == np.timedelta64(3_000_005, "us")
+    assert batch["floats"].dtype == np.float32 and batch["floats"].shape == (4, 2)
+    assert batch["floats"].tolist() == [[float(i), i + 1.0] for i in range(4)]
+    assert batch["ragged"].dtype == object and [list(r) for r in batch["ragged"]] == [list(range(i)) for i in range(4)]
+    assert batch["dense"].dtype == np.float64 and batch["dense"].tolist() == [[i, i + 1, i + 2] for i in range(4)]
+    assert batch["mixed"].tolist() == [[0.5, 0, 7], [1, 2, 3], [2.5, 0, 7], [1, 2, 3]]
+    assert tensors["mixed"].shape == (4, 3) and tensors["floats"].dtype == torch.float32
+    for name, what in [("string", "objects"), ("ragged", "rows of different lengths"), ("timestamp", "timestamps")]:
+        assert tensors[name].startswith(f"column {name!r} holds ") and what in tensors[name], tensors[name]
+
+
+# --- the shard files ---
+
+
+@contextlib.contextmanager
+def local_shards(table: pa.Table, ranks: int, batch_rows: int = 100):
+    """``table``'s rows in ``ranks`` shards written in this process (no Spark), one task each; yields a
+    function that makes shard ``r`` this process's."""
+    feed = FeedSpec("t", table.num_rows, ranks)
+    written = []
+    try:
+        for task in range(ranks):
+            start, stop = feed.task_range(task)
+            part = pa.Table.from_batches(table.slice(start, stop - start).to_batches(max_chunksize=batch_rows))
+            written.append(receive_shards(arrow_rows(part, start), feed, task))
+
+        def use(rank: int):
+            os.environ.update(written[rank].rank_env(0))
+            return dataframe_shard()
+
+        yield use
+    finally:
+        os.environ.pop(SHARD_ENV, None)
+        for shards in written:
+            shards.close()
+
+
+def numbers(rows: int) -> pa.Table:
+    return pa.table({"x": np.arange(rows, dtype=np.float32), "s": [str(i) for i in range(rows)]})
+
+
+def test_batches_shuffle_and_drop_last_keep_the_ranks_in_step():
+    """1,003 rows in 4 shards of 250 and 251: without drop_last the last ranks have one batch more; with it every
+    rank has floor(250 / batch_size) full batches. A seed (the epoch) gives the same order again, another seed
+    another order; rows stay whole (each column's values of one row together)."""
+    with local_shards(numbers(1003), 4) as shard_of:
+        counts, dropped = [], []
+        for rank in range(4):
+            shard = shard_of(rank)
+            start = rank * 1003 // 4
+            batches = list(shard.iter_batches(30))  # (batches across the file's record batches of 100)
+            assert np.concatenate([b["x"] for b in batches]).tolist() == list(range(start, start + shard.num_rows))
+            assert [len(b["x"]) for b in batches[:-1]] == [30] * (len(batches) - 1)
+            counts.append(len(list(shard.iter_batches(25))))
+            epochs = [list(shard.iter_batches(25, shuffle=True, seed=epoch, drop_last=True)) for epoch in (0, 0, 1)]
+            dropped.append(len(epochs[0]))
+            orders = [np.concatenate([b["x"] for b in epoch]) for epoch in epochs]
+            assert all(len(b["x"]) == 25 for b in epochs[0])
+            assert orders[0].tolist() == orders[1].tolist() != orders[2].tolist()
+            assert len(set(orders[0].tolist()) & set(range(start, start + shard.num_rows))) == 250
+            assert orders[0].tolist() != sorted(orders[0].tolist())
+            for batch in epochs[2]:
+                assert batch["s"].tolist() == [str(int(x)) for x in batch["x"]]
+            whole = np.concatenate([b["x"] for b in shard.iter_batches(64, shuffle=True)])
+            assert sorted(whole.tolist()) == list(range(start, start + shard.num_rows))
+            assert shard.num_batches(25) == counts[-1] and shard.num_batches(25, drop_last=True) == 10
+        assert counts == [10, 11, 11, 11] and dropped == [10, 10, 10, 10]
+
+
+def test_each_iteration_reads_the_mapped_file_in_place():
+    with local_shards(numbers(500), 1) as shard_of:
+        shard = shard_of(0)
+        first, again = (list(shard.iter_batches(64, columns=["x"])) for _ in range(2))
+        assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(first, again, strict=True))
+        inside = first[0]["x"]  # a read-only view of the file, not a copy
+        assert not inside.flags.writeable and not inside.flags.owndata
+        assert dataframe_shard() is shard  # opened once in the process
+        assert shard.take([5, 0, 499])["x"].tolist() == [5, 0, 499]
+
+
+def test_a_rank_asks_for_what_its_shard_cannot_give():
+    os.environ.pop(SHARD_ENV, None)
+    with pytest.raises(RuntimeError, match=r"^dataframe_shard\(\) works in the ranks of a run on a DataFrame"):
+        dataframe_shard()
+    table = pa.table({"x": [1, 2, 3], "m": pa.array([[("a", 1)]] * 3, pa.map_(pa.string(), pa.int64()))})
+    with local_shards(table, 1) as shard_of:
+        shard = shard_of(0)
+        with pytest.raises(TypeError, match=r"^column 'm' is of Arrow type map<string, int64>, which"):
+            next(shard.iter_batches(2))
+        assert next(shard.iter_batches(2, columns=["x"]))["x"].tolist() == [1, 2]
+        with pytest.raises(KeyError, match=r"the shard has no column 'y'; its columns: x, m"):
+            next(shard.iter_batches(2, columns=["y"]))
+        with pytest.raises(TypeError, match=r"columns must be a list of column names, not the string 'x'"):
+            next(shard.iter_batches(2, columns="x"))
+        with pytest.raises(ValueError, match=r"batch_size must be a positive int, not 0"):
+            next(shard.iter_batches(0))
+        with pytest.raises(IndexError, match=r"row indices must be in 0 ... 2"):
+            shard.take([3])
+
+
+def test_a_task_holds_a_few_batches_while_its_shard_streams_to_disk(spark_local):
+    """A shard of 80 MB in batches of 2 MB: the task's process grows by a few batches at most."""
+    from pyspark.sql import functions as F
+
+    rows, batch_rows = 1_000_000, 25_000  # 8 doubles and the row index: 72 bytes a row, 1.8 MB a batch
+    df = spark_local.range(0, rows, numPartitions=2).select(
+        *[(F.col("id") * k).cast("double").alias(f"c{k}") for k in range(8)]
+    )
+    plan = plan_shards(df, spark_local, 1)
+    feed = plan.feed
+
+    def task(batches):
+        import threading
+
+        import psutil
+        import pyarrow as pa
+
+        from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+
+        me = psutil.Process()
+        before, peak, done = me.memory_info().rss, [0], threading.Event()
+
+        def sample():
+            while not done.wait(0.005):
+                peak[0] = max(peak[0], me.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            with receive_shards(batches, feed, 0) as shards:
+                written = shards.shards[0].info.rows
+        finally:
+            done.set()
+            sampler.join()
+        yield pa.RecordBatch.from_pydict({"growth": [peak[0] - before], "rows": [written]})
+
+    previous = spark_local.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark_local.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
+    try:
+        [row] = plan.frame.mapInArrow(task, "growth long, rows long", barrier=True).collect()
+    finally:
+        spark_local.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+    batch_bytes = batch_rows * 72
+    assert row["rows"] == rows
+    assert row["growth"] < 4 * batch_bytes, (
+        f"grew {row['growth'] / 2**20:.1f} MiB for batches of {batch_bytes / 2**20:.1f} MiB"
+    )
+
+
+def holders(link: str) -> list[int]:
+    """The processes that have the file ``link`` (as ``/proc/<pid>/fd/*`` shows it) open, or mapped."""
+    found = []
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError):
+            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/maps") as maps:
+                mapped = [line.split(maxsplit=5)[-1].rstrip("\n") for line in maps]
+            if link in fds or link in mapped:
+                found.append(pid)
+    return found
+
+
+def test_the_shard_files_go_with_their_task_whether_it_ends_or_fails(spark_local, tmp_path):
+    """They have no name in the local directory, and no process holds them once the task has ended."""
+    df = spark_local.range(0, 100, numPartitions=3)
+    shards = shards_of(df, spark_local, 2, lambda shard: len(ids_of(shard)))
+    for shard in shards.values():
+        assert shard["file"].startswith(shard["directory"]) and shard["file"].endswith(" (deleted)")
+        assert "blockmgr-" in shard["directory"]  # Spark's local directory (spark.local.dir)
+        assert not [name for name in os.listdir(shard["directory"]) if name.startswith("hvd-")]
+        assert holders(shard["file"]) == []
+
+    seen = tmp_path / "seen"
+
+    def fail(shard):
+        with open(seen, "a") as out:
+            out.write(os.readlink(shard.info.path) + "\n")
+        raise RuntimeError("the rank failed")
+
+    with pytest.raises(Exception, match="the rank failed"):
+        shards_of(df, spark_local, 2, fail)
+    links = seen.read_text().splitlines()
+    assert links and all(holders(link) == [] for link in links)
+
+
+AGENT = """
+import os, subprocess, sys, time
+import numpy as np, pyarrow as pa
+from airflow_provider_hvd.runner import reaper
+from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+from airflow_provider_hvd.runner.shared.shards import FeedSpec, ROW_COLUMN
+feed = FeedSpec("k", 1000, 1)
+batch = pa.record_batch({"x": np.arange(1000.0), ROW_COLUMN: np.arange(1000)})
+shards = receive_shards([batch], feed, 0)
+read, write = os.pipe()
+rank = (
+    "import os, time\\n"
+    "from airflow_provider_hvd import dataframe_shard\\n"
+    "shard = dataframe_shard()\\n"
+    "assert next(shard.iter_batches(10))['x'].tolist() == list(range(10))\\n"
+    f"open({sys.argv[1]!r}, 'w').write(os.readlink(shard.info.path))\\n"
+    "time.sleep(600)\\n"
+)
+env = {**os.environ, **shards.rank_env(0), reaper.CONTROL_FD_ENV: str(write)}
+subprocess.Popen([sys.executable, "-I", "-S", reaper.__file__, str(os.getpid()), sys.executable, "-c", rank],
+                 env=env, pass_fds=(write,))
+time.sleep(600)
+"""
+
+
+def test_the_shard_goes_when_its_agent_is_killed(tmp_path):
+    """The agent's process killed with SIGKILL: its reaper ends the rank, and the file, which no process holds
+    any more, is freed by the kernel; nothing needed to remove it."""
+    ready = tmp_path / "ready"
+    agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(AGENT), str(ready)])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() or not ready.read_text():
+            assert agent.poll() is None and time.monotonic() < deadline, "the rank did not read its shard"
+            time.sleep(0.1)
+        link = ready.read_text()
+        held = holders(link)
+        assert agent.pid in held and len(held) == 2, held  # the agent, and its rank (through /proc/<agent>/fd)
+        rank = psutil.Process(next(pid for pid in held if pid != agent.pid))
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+        rank.wait(timeout=reaper.TERMINATE_GRACE_S + 30)
+        assert holders(link) == []
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+
+
+# --- PySpark's loader ---
+
+
+def compare_loaders(shard, schema_json: dict) -> dict:
+    """PySpark's loader over this shard's file against ours, for fewer, as many and more samples than rows."""
+    from pyspark.ml.torch.data import _SparkPartitionTorchDataset
+    from pyspark.sql.types import StructType
+    from torch.utils.data import DataLoader
+
+    from airflow_provider_hvd import get_spark_partition_data_loader
+
+    schema = StructType.fromJson(schema_json)
+    out = {}
+    for samples in (shard.num_rows - 3, shard.num_rows, 2 * shard.num_rows + 5):
+        theirs = list(DataLoader(_SparkPartitionTorchDataset(shard.info.path, schema, samples), 8, num_workers=1))
+        ours = list(get_spark_partition_data_loader(samples, 8))
+        two = list(get_spark_partition_data_loader(samples, 8, num_workers=2)) if samples > shard.num_rows else ours
+        out[samples] = (theirs, ours, two)
+    return out
+
+
+def test_get_spark_partition_data_loader_gives_pysparks_batches(spark_local):
+    """The same batches (same rows, order, tensor types), column by column, as PySpark's own dataset over the
+    same Arrow file: numbers, arrays of numbers, dense and sparse vectors; cycling past the shard's end; and
+    with two loader workers (PySpark's refuses more than one)."""
+    from pyspark.ml.linalg import Vectors
+    from pyspark.sql import functions as F
+
+    rows = [
+        (i + 0.5, i / 3, i, i * 10**9, i % 100, [i + 0.5, 1.5], [i / 7.0], [i, i + 1], vector)
+        for i in range(50)
+        for vector in [Vectors.sparse(3, [1], [i]) if i % 3 else Vectors.dense([i, 1.0, 2.0])]
+    ]
+    df = spark_local.createDataFrame(rows, ["f", "d", "i", "l", "s", "fs", "ds", "is", "v"]).select(
+        F.col("f").cast("float"),
+        "d",
+        F.col("i").cast("int"),
+        "l",
+        F.col("s").cast("smallint"),
+        F.col("fs").cast("array<float>"),
+        "ds",
+        F.col("is").cast("array<int>"),
+        "v",
+    )
+    schema = df.schema.jsonValue()
+    shards = shards_of(df.repartition(3), spark_local, 2, lambda shard: compare_loaders(shard, schema))
+    for shard in shards.values():
+        for samples, (theirs, ours, two) in shard["result"].items():
+            assert len(theirs) == len(ours) == len(two) == -(-samples // 8)
+            for mine, pysparks, by_two in zip(ours, theirs, two, strict=True):
+                assert len(mine) == len(pysparks) == 9
+                for a, b, c in zip(mine, pysparks, by_two, strict=True):
+                    assert a.dtype == b.dtype == c.dtype and torch.equal(a, b) and torch.equal(a, c), (samples, a, b)
