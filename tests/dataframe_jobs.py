@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_hvd.runner.driver.dataframe_plan import ShardPlan, plan_shards
+from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import ShardPlan, plan_shards
 from airflow_provider_hvd.runner.shared.shards import ROW_COLUMN, SHARD_ENV, FeedSpec
 
 Read = Callable[[Any], Any]  # a shard (DataFrameShard) -> what the test checks (picklable)

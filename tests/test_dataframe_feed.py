@@ -25,7 +25,7 @@ from dataframe_jobs import arrow_rows, run_shards, shards_of
 from airflow_provider_hvd import dataframe_shard
 from airflow_provider_hvd.runner import reaper
 from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
-from airflow_provider_hvd.runner.driver.dataframe_plan import murmur3_int, partition_keys, plan_shards
+from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import murmur3_int, partition_keys, plan_shards
 from airflow_provider_hvd.runner.shared.naming import TORCH_DISTRIBUTOR
 from airflow_provider_hvd.runner.shared.shards import SHARD_ENV, FeedSpec
 

@@ -8,8 +8,8 @@
   ``VectorUDT``): 2-D arrays, vectors as float64; rows of different lengths (or null) as an object array of
   1-D arrays (``None`` for null);
 - anything else (maps, other structs, nested arrays, times of day, intervals of months): :class:`TypeError`,
-  naming the column and its type. :func:`..driver.dataframe_plan.unsupported_type` is the driver's side of
-  the same rule, on Spark's types.
+  naming the column and its type. :func:`..driver.launch.spark.dataframe_plan.unsupported_type` is the
+  driver's side of the same rule, on Spark's types.
 """
 
 from __future__ import annotations

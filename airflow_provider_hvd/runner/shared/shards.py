@@ -1,7 +1,8 @@
 """How a DataFrame's rows are split into the ranks' shards, and how a rank finds its own.
 
-Shared by the driver's plan (:mod:`..driver.dataframe_plan`), the agent's writer (:mod:`..agent.shard_writer`)
-and the rank's reader (:mod:`..rank.dataframe`). Standard library only: the rank imports it.
+Shared by the driver's plan (:mod:`..driver.launch.spark.dataframe_plan`), the agent's writer
+(:mod:`..agent.shard_writer`) and the rank's reader (:mod:`..rank.dataframe`). Standard library only: the rank
+imports it.
 
 Rank ``r`` of ``ranks`` gets the contiguous rows ``[floor(r*N/ranks), floor((r+1)*N/ranks))`` of the
 DataFrame's ``N`` rows in Spark's order (partition index, then position): shards differ by at most one row,

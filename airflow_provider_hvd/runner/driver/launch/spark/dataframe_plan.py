@@ -2,7 +2,7 @@
 
 :func:`plan_shards` checks the DataFrame (its session, its columns), counts its rows per partition (one Spark
 job) and returns a DataFrame of exactly ``ranks / per_task`` partitions whose partition ``t`` holds, in
-Spark's order, the rows of ranks ``t*per_task ...`` (:mod:`..shared.shards` says which rows). It uses the
+Spark's order, the rows of ranks ``t*per_task ...`` (:mod:`....shared.shards` says which rows). It uses the
 DataFrame API only (Spark Connect has no RDDs):
 
 - the count job references every column (a hash of each row), so that Spark plans the DataFrame as the
@@ -18,7 +18,7 @@ DataFrame API only (Spark Connect has no RDDs):
   plan fails for a coalesced or unioned DataFrame (``BarrierJobUnsupportedRDDChainException``), and the
   barrier tasks then read shuffle files instead of recomputing the DataFrame when a stage is retried.
 
-The global index travels as the column :data:`..shared.shards.ROW_COLUMN`; the writer checks that each task
+The global index travels as the column :data:`....shared.shards.ROW_COLUMN`; the writer checks that each task
 got exactly its rows, in order, and drops it.
 """
 
@@ -28,9 +28,9 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..shared.naming import HOROVOD_RUNNER, RunnerNaming
-from ..shared.shards import ROW_COLUMN, FeedSpec
-from .spark_cluster import is_connect
+from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ....shared.shards import ROW_COLUMN, FeedSpec
+from .cluster import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
