@@ -88,3 +88,96 @@ def arrow_rows(table: pa.Table, start: int = 0) -> Iterator[pa.RecordBatch]:
     for batch in table.to_batches():
         yield batch.append_column(ROW_COLUMN, pa.array(np.arange(start, start + batch.num_rows)))
         start += batch.num_rows
+
+
+# --- functions the runs' ranks call (this module travels by value into them: see by_value) ---
+
+
+def loader_rows(ours: bool, num_samples: int, batch_size: int) -> list:
+    """Each rank's batches from PySpark's loader (``ours``: airflow_provider_hvd's), as lists; every rank's."""
+    import torch.distributed as dist
+
+    if ours:
+        from airflow_provider_hvd import get_spark_partition_data_loader as loader
+    else:
+        from pyspark.ml.torch.distributor import _get_spark_partition_data_loader as loader
+    dist.init_process_group("gloo")
+    batches = [[column.tolist() for column in batch] for batch in loader(num_samples, batch_size)]
+    views: list = [None] * dist.get_world_size()
+    dist.all_gather_object(views, batches)
+    dist.destroy_process_group()
+    return views
+
+
+def ddp_steps(epochs: int, batch_size: int) -> list:
+    """DDP on iter_torch_batches(drop_last=True), reshuffled each epoch: every rank's steps, rows and batches
+    without drop_last, and when (time.time()) the later epochs began and ended."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from airflow_provider_hvd import dataframe_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(1, 1).double())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    shard = dataframe_shard()
+    steps, later = 0, []
+    for epoch in range(epochs):
+        if epoch == 1:
+            later.append(time.time())
+        for batch in shard.iter_torch_batches(batch_size, columns=["half"], shuffle=True, seed=epoch, drop_last=True):
+            x = batch["half"].unsqueeze(1)
+            loss = torch.nn.functional.mse_loss(model(x), 2 * x)
+            optimizer.zero_grad()
+            loss.backward()  # (an all-reduce: a rank with a step more would wait here forever)
+            optimizer.step()
+            steps += 1
+    later.append(time.time())
+    own = {"steps": steps, "rows": shard.num_rows, "batches": shard.num_batches(batch_size), "later": later}
+    views: list = [None] * dist.get_world_size()
+    dist.all_gather_object(views, own)
+    dist.destroy_process_group()
+    return views
+
+
+def shard_file_then(folder: str, then: str) -> list[int]:
+    """Write where this rank's shard file is (as /proc shows it) to ``folder``/rank-N; then return its ids,
+    fail (``then="fail"``) or wait to be ended (``"wait"``)."""
+    import time
+
+    from airflow_provider_hvd import dataframe_shard
+
+    shard = dataframe_shard()
+    ids = [int(i) for batch in shard.iter_batches(64, columns=["id"]) for i in batch["id"]]
+    rank = os.environ["HVD_RUNNER_RANK"]
+    with open(os.path.join(folder, f"rank-{rank}.tmp"), "w") as out:
+        out.write(os.readlink(shard.info.path))
+    os.rename(os.path.join(folder, f"rank-{rank}.tmp"), os.path.join(folder, f"rank-{rank}"))
+    if then == "fail":
+        raise RuntimeError(f"rank {rank} failed after reading its shard")
+    if then == "wait":
+        time.sleep(600)
+    return ids
+
+
+def horovod_ids() -> list:
+    """Each Horovod rank's ids from its shard (hvd.allgather_object), rank 0's view."""
+    import horovod.torch as hvd
+
+    from airflow_provider_hvd import dataframe_shard
+
+    hvd.init()
+    shard = dataframe_shard()
+    ids = [int(i) for batch in shard.iter_batches(10, columns=["id"]) for i in batch["id"]]
+    return hvd.allgather_object({"rank": hvd.rank(), "shard": shard.index, "ids": ids})
+
+
+def ask_for_a_shard() -> None:
+    from airflow_provider_hvd import dataframe_shard
+
+    dataframe_shard()

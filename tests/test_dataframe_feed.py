@@ -20,7 +20,17 @@ import pyarrow as pa
 import pytest
 import torch
 from connect_server import connect_session
-from dataframe_jobs import arrow_rows, run_shards, shards_of
+from dataframe_jobs import (
+    arrow_rows,
+    ask_for_a_shard,
+    by_value,
+    ddp_steps,
+    horovod_ids,
+    loader_rows,
+    run_shards,
+    shard_file_then,
+    shards_of,
+)
 
 from airflow_provider_hvd import dataframe_shard
 from airflow_provider_hvd.runner import reaper
@@ -75,10 +85,11 @@ def test_the_keys_fall_in_their_partitions_as_sparks_hash_partitioning_sends_the
     assert {row["k"]: row["p"] for row in landed} == {k: t for t, k in enumerate(keys)}
 
 
-@pytest.mark.parametrize(("ranks", "per_task"), [(3, 1), (4, 2)])
+@pytest.mark.parametrize(("ranks", "per_task"), [(2, 1), (4, 2)])
 def test_each_rank_gets_its_contiguous_rows_in_sparks_order(spark, ranks, per_task):
-    """5 uneven partitions into 3 ranks, or into 4 ranks 2 per task: rank r gets the global rows
-    [floor(r*N/np), floor((r+1)*N/np)) in Spark's order, in order; one barrier task per partition of the plan."""
+    """5 uneven partitions into 2 ranks, or into 4 ranks 2 per task (local[2] has 2 task slots): rank r gets the
+    global rows [floor(r*N/np), floor((r+1)*N/np)) in Spark's order, in order; one barrier task per partition of
+    the plan."""
     shards = shards_of(uneven(spark), spark, ranks, ids_of, per_task)
     rows = [*range(103), *range(1000, 1010)]
     assert {r: shards[r]["result"] for r in shards} == dict(enumerate(expected_shards(rows, ranks)))
@@ -542,3 +553,148 @@ def test_get_spark_partition_data_loader_gives_pysparks_batches(spark_local):
                 assert len(mine) == len(pysparks) == 9
                 for a, b, c in zip(mine, pysparks, by_two, strict=True):
                     assert a.dtype == b.dtype == c.dtype and torch.equal(a, b) and torch.equal(a, c), (samples, a, b)
+
+
+# --- runs on a DataFrame, through the runners (the user's door) ---
+
+
+def pyspark_rows(spark):
+    """40 rows in 2 partitions of 20: numbers and an array column, as PySpark's loader takes them."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, 40, numPartitions=2).select(
+        "id", (F.col("id") * 0.5).alias("x"), F.array(F.col("id").cast("double"), F.lit(1.0)).alias("pair")
+    )
+
+
+def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local):
+    """PySpark's code, with its import changed: _train_on_dataframe and get_spark_partition_data_loader give
+    every rank the batches PySpark's own TorchDistributor._train_on_dataframe gives it, on the same DataFrame
+    (fewer samples than rows, and more: both cycle over the shard)."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparks
+
+    from airflow_provider_hvd import TorchDistributor
+
+    df = pyspark_rows(spark_local)
+    with by_value(loader_rows):
+        ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
+            loader_rows, df, True, 25, 8
+        )
+        theirs = PySparks(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
+            loader_rows, df, False, 25, 8
+        )
+    assert ours == theirs
+    assert [batch[0] for batch in ours[1][:2]] == [list(range(20, 28)), list(range(28, 36))]
+    assert ours[0][-1][0] == [4] and len(ours[0]) == 4  # the 25th sample of a shard of 20: its row 4 again
+
+
+def test_ddp_on_uneven_partitions_takes_as_many_steps_on_every_rank_and_epochs_run_no_spark_job(spark_local):
+    """113 rows in 5 uneven partitions into 2 ranks (56 and 57 rows): without drop_last their batches of 8 differ
+    (7 and 8), with it DDP takes 7 steps an epoch on each and the run ends; no Spark stage starts while the
+    later epochs run (they read the local file)."""
+    from airflow_provider_hvd import TorchDistributor
+
+    with by_value(ddp_steps):
+        views = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).train_on_dataframe(
+            ddp_steps, uneven(spark_local), 3, 8
+        )
+    assert [(v["rows"], v["batches"], v["steps"]) for v in views] == [(56, 7, 21), (57, 8, 21)]
+    began, ended = views[0]["later"]
+    submitted = stage_submissions(spark_local)
+    assert submitted and not [t for t in submitted if began * 1000 <= t <= ended * 1000], (began, ended, submitted)
+
+
+def stage_submissions(spark) -> list[int]:
+    """When (ms since the epoch) each stage of each job the SparkContext's status tracker knows of was submitted
+    (the JVM's tracker: pyspark's SparkStageInfo has no submission time)."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = spark.sparkContext._jsc.sc().statusTracker()
+    times, job = [], 0
+    while (info := tracker.getJobInfo(job)) is not None:
+        for stage in info.stageIds:
+            found = stages.getStageInfo(stage)
+            if found.isDefined() and found.get().submissionTime() > 0:
+                times.append(found.get().submissionTime())
+        job += 1
+    return times
+
+
+def holders_of_files(folder, ranks: int) -> tuple[list[str], list[int]]:
+    links = [(folder / f"rank-{rank}").read_text() for rank in range(ranks)]
+    return links, [pid for link in links for pid in holders(link)]
+
+
+def test_horovod_ranks_read_their_shards_and_the_files_go_with_the_run(spark_local, tmp_path):
+    from airflow_provider_hvd import HorovodRunner
+
+    df = spark_local.range(0, 30, numPartitions=3)
+    with by_value(horovod_ids):
+        views = HorovodRunner(np=2).run_on_dataframe(horovod_ids, df)
+    assert sorted((v["rank"], v["shard"], v["ids"]) for v in views) == [
+        (0, 0, list(range(15))),
+        (1, 1, list(range(15, 30))),
+    ]
+    with by_value(shard_file_then):
+        assert HorovodRunner(np=2).run_on_dataframe(shard_file_then, df, folder=str(tmp_path), then="return") == list(
+            range(15)
+        )
+    links, held = holders_of_files(tmp_path, 2)
+    assert all(link.endswith(" (deleted)") and "blockmgr-" in link for link in links) and held == []
+
+
+def test_the_shard_files_go_when_a_rank_fails_and_when_the_run_is_cancelled(spark_local, tmp_path):
+    import threading
+
+    from airflow_provider_hvd import RankFailedError, RunCancelledError, TorchDistributor
+
+    df = spark_local.range(0, 30, numPartitions=2)
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    failed, cancelled = tmp_path / "failed", tmp_path / "cancelled"
+    failed.mkdir()
+    cancelled.mkdir()
+    with by_value(shard_file_then):
+        with pytest.raises(RankFailedError, match=r"failed after reading its shard"):
+            distributor.train_on_dataframe(shard_file_then, df, str(failed), "fail")
+        assert holders_of_files(failed, 2)[1] == []
+
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                distributor.train_on_dataframe(shard_file_then, df, str(cancelled), "wait")
+            except BaseException as exc:  # noqa: BLE001 - the test checks it
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while len(list(cancelled.glob("rank-?"))) < 2:
+                assert thread.is_alive() and time.monotonic() < deadline, errors
+                time.sleep(0.1)
+            assert holders_of_files(cancelled, 2)[1]  # the files are held while the ranks run
+        finally:
+            distributor.cancel()
+            thread.join(120)
+    assert isinstance(errors[0], RunCancelledError), errors
+    assert holders_of_files(cancelled, 2)[1] == []
+
+
+def test_a_run_on_a_dataframe_refuses_what_it_cannot_feed_naming_the_fix(spark_local):
+    from airflow_provider_hvd import HorovodRunner, RankFailedError, TorchDistributor
+
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(ValueError, match=r"^The DataFrame has no rows: TorchDistributor has nothing to give"):
+        distributor.train_on_dataframe(ask_for_a_shard, spark_local.range(0))
+    with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession than the one Torch"):
+        distributor.train_on_dataframe(ask_for_a_shard, spark_local.newSession().range(4))
+    with pytest.raises(TypeError, match=r"takes a Spark DataFrame .* not list: make one with spark.table"):
+        distributor.train_on_dataframe(ask_for_a_shard, [1, 2])
+    local = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    with pytest.raises(ValueError, match=r"requires setting TorchDistributor.local_mode to False.*local_mode=False\)"):
+        local._train_on_dataframe(ask_for_a_shard, spark_local.range(4))
+    with pytest.raises(ValueError, match=r"runs on Spark.*use np=2 \(np>0\)"):
+        HorovodRunner(np=-2).run_on_dataframe(ask_for_a_shard, spark_local.range(4))
+    with by_value(ask_for_a_shard):
+        with pytest.raises(RankFailedError, match=r"dataframe_shard\(\) works in the ranks of a run on a DataFrame"):
+            TorchDistributor(num_processes=1, local_mode=True, use_gpu=False).run(ask_for_a_shard)

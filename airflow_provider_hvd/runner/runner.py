@@ -28,7 +28,7 @@ from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from .driver.launch.launcher import Launcher
     from .driver.ranks.kind import RankKind
@@ -76,6 +76,18 @@ class _Run:
     """One run in progress; ``cancel()`` sets its flag (a plain attribute: safe in a signal handler)."""
 
     cancelled: bool = False
+    dataframe: DataFrame | None = None  # a run on a DataFrame: its rows go into the ranks' shards
+
+
+def check_dataframe(df: Any, naming: RunnerNaming, method: str) -> None:
+    """TypeError unless ``df`` is a Spark DataFrame (classic or Spark Connect)."""
+    from pyspark.sql import DataFrame  # (Spark Connect's DataFrame is one too)
+
+    if not isinstance(df, DataFrame):
+        raise TypeError(
+            f"{naming.runner}.{method} takes a Spark DataFrame (of the session the run uses), not "
+            f"{type(df).__name__}: make one with spark.table(...), spark.read..., or spark.createDataFrame(...)"
+        )
 
 
 class _Runner:
@@ -139,9 +151,16 @@ class _Runner:
         """The settings an MLflow run records as its params (each runner adds its own)."""
         return self.settings.mlflow_params()
 
-    def _run_job(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value."""
-        run = _Run()
+    def _run_job(
+        self,
+        main: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        dataframe: DataFrame | None = None,
+    ) -> Any:
+        """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value. With
+        ``dataframe``, each rank gets its shard of its rows (``dataframe_shard()``)."""
+        run = _Run(dataframe=dataframe)
         self.mlflow_run_id = self.mlflow_run_url = None
         self._runs.append(run)  # first: a cancel() while the job is pickled ends the run before it starts
         first, self._started_a_run = not self._started_a_run, True
@@ -273,6 +292,22 @@ class HorovodRunner(_Runner):
         check_fits(main, args, kwargs)
         return self._run_job(main, args, kwargs)
 
+    def run_on_dataframe(self, main: Callable[..., Any], df: DataFrame, /, **kwargs: Any) -> Any:
+        """:meth:`run`, with the rows of ``df`` (a DataFrame of the run's session) shared out among the ranks:
+        in ``main``, ``dataframe_shard()`` is this rank's shard (shards differ by at most one row), written to
+        the executor's local disk as it streams in, read memory-mapped for every epoch, gone when the run ends.
+
+        Needs ``np > 0`` (the rows come from the barrier job's tasks). See docs/dataframes.md.
+        """
+        check_dataframe(df, self.naming, "run_on_dataframe")
+        if self.num_processor < 0:
+            raise ValueError(
+                f"HorovodRunner(np={self.num_processor}).run_on_dataframe runs on Spark, whose barrier tasks bring "
+                f"each rank its rows: use np={-self.num_processor} (np>0), on a local[*] session to stay on this host"
+            )
+        check_fits(main, (), kwargs)
+        return self._run_job(main, (), kwargs, df)
+
     def _rank_kind(self) -> RankKind:
         from .driver.ranks.kind import horovod_kind
 
@@ -286,6 +321,8 @@ class HorovodRunner(_Runner):
             return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
         spark = self._spark()
         wait = self.settings.slot_wait_timeout
-        launcher = SparkLauncher(spark, self.num_processor, wait, cancelled=lambda: run.cancelled)
+        launcher = SparkLauncher(
+            spark, self.num_processor, wait, cancelled=lambda: run.cancelled, dataframe=run.dataframe
+        )
         conf = session_conf(spark)
         return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own

@@ -20,13 +20,13 @@ from .driver.launch.spark.capacity import TASK_GPUS
 from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
 from .errors import LaunchError
 from .rank.script import run_script
-from .runner import _Run, _Runner, check_fits
+from .runner import _Run, _Runner, check_dataframe, check_fits
 from .settings import PYSPARK_DEFAULTS, RunOptions, RunSettings, takes_run_settings
 from .shared.gpus import GPU, host_gpus, spark_gpus_here
 from .shared.naming import TORCH_DISTRIBUTOR
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from .driver.launch.launcher import Launcher
     from .driver.ranks.kind import RankKind
@@ -140,6 +140,26 @@ class TorchDistributor(_Runner):
         check_fits(train_object, args, kwargs)
         return self._run_job(train_object, args, kwargs)
 
+    def train_on_dataframe(self, train_function: Callable[..., Any], df: DataFrame, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`run` of ``train_function(*args, **kwargs)``, with the rows of ``df`` (a DataFrame of the run's
+        session) shared out among the processes: in ``train_function``, ``get_spark_partition_data_loader(...)``
+        (PySpark's loader) or ``dataframe_shard()`` read this process's shard. Any number of partitions: the
+        shards differ by at most one row; a DataFrame of ``num_processes`` equal partitions gives rank ``i``
+        partition ``i``, as PySpark's ``_train_on_dataframe`` does. Needs ``local_mode=False``, as PySpark's.
+        See docs/dataframes.md.
+        """
+        check_dataframe(df, self.naming, "train_on_dataframe")
+        if self.local_mode:
+            raise ValueError(
+                "TorchDistributor.train_on_dataframe requires setting TorchDistributor.local_mode to False: the "
+                f"rows come from a Spark barrier job's tasks. Use TorchDistributor(num_processes={self.num_processes}"
+                ", local_mode=False), on a local[*] session to stay on this host."
+            )
+        check_fits(train_function, args, kwargs)
+        return self._run_job(train_function, args, kwargs, df)
+
+    _train_on_dataframe = train_on_dataframe  # PySpark's private name for it
+
     def _rank_kind(self) -> RankKind:
         from .driver.ranks.kind import torch_kind
 
@@ -164,6 +184,7 @@ class TorchDistributor(_Runner):
             per_task=self._per_task,
             use_gpus=self.use_gpu,
             naming=self.naming,
+            dataframe=run.dataframe,
         )
         from .driver.launch.spark.encryption import spark_encrypts
 

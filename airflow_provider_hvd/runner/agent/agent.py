@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -347,9 +347,15 @@ def _watch_driver(watch: DriverWatch, rank_process: _RankProcess) -> None:
 
 
 def _run_rank(
-    args: AgentArgs, stream: FrameStream, hello: Hello, start: Start, read_job: Callable[[], bytes], watch: DriverWatch
+    args: AgentArgs,
+    stream: FrameStream,
+    hello: Hello,
+    start: Start,
+    read_job: Callable[[], bytes],
+    watch: DriverWatch,
+    extra_env: Mapping[str, str],
 ) -> threading.Thread:
-    env = rank_environment(os.environ, hello, start, args.keep_omp_threads, args.hide_gpus)
+    env = {**rank_environment(os.environ, hello, start, args.keep_omp_threads, args.hide_gpus), **extra_env}
     outbox = Outbox(stream)
     reports = ReportSender(stream, start.rank, args.runner)
     memory = MemoryWatch()  # before the rank starts: an OOM kill while it runs shows as a difference
@@ -417,10 +423,16 @@ def _let_the_report_arrive(sock: socket.socket, watcher: threading.Thread) -> No
     watcher.join(REPORT_DELIVERY_S)
 
 
-def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | None = None) -> str:
+def run_agent(
+    args: AgentArgs,
+    read_job: Callable[[], bytes],
+    hello: Hello | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> str:
     """Run one rank under supervision; returns what became of it, in a word.
 
     ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
+    ``extra_env``: variables of this rank alone, on top of its environment (where its DataFrame shard is).
     """
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
     stream: FrameStream | None = None
@@ -445,7 +457,7 @@ def run_agent(args: AgentArgs, read_job: Callable[[], bytes], hello: Hello | Non
         if not isinstance(start, Start):
             return "turned away"  # an Abort: the run has ended, or started without this task
         try:
-            watcher = _run_rank(args, stream, hello, start, read_job, watch)
+            watcher = _run_rank(args, stream, hello, start, read_job, watch, extra_env or {})
             return "done"
         except (ConnectionClosed, ConnectionError):  # reporting to the driver failed: it is gone
             return "lost the driver"

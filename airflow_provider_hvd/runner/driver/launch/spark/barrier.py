@@ -15,6 +15,7 @@ run's launch events (:class:`~..launcher.Launcher`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -30,14 +31,16 @@ from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.gpus import GPU
 from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ....shared.shards import FeedSpec
 from ...events import LaunchEvent, LaunchFailed, Task, TaskEnded
 from .app import BarrierTask, SparkApp
 from .classic import ClassicApp
 from .cluster import is_connect, summary
 from .connect import ConnectApp
+from .dataframe_plan import ShardPlan, plan_shards
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
@@ -79,41 +82,58 @@ def _task_agents(hello: Hello, per_task: int, use_gpus: bool) -> list[Hello]:
 
 
 def _barrier_task(
-    args: AgentArgs, read_job: Callable[[], bytes], per_task: int = 1, use_gpus: bool = True
+    args: AgentArgs,
+    read_job: Callable[[], bytes],
+    per_task: int = 1,
+    use_gpus: bool = True,
+    feed: FeedSpec | None = None,
 ) -> BarrierTask:
-    def task(_: Iterator[Any]) -> Iterator[str]:
+    """The barrier task: its agents (one, or ``per_task``). With ``feed``, the task's rows (its input's Arrow
+    batches) are written to its ranks' shard files first (:mod:`....agent.shard_writer`), each rank told where
+    its own is; the files go when the task ends, however it ends."""
+
+    def task(batches: Iterator[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        hello = Hello(
-            host="",  # the address it reaches the driver from, filled in by the agent
-            pid=os.getpid(),
-            executor=ctx.getTaskInfos()[ctx.partitionId()].address,
-            partition=ctx.partitionId(),
-            attempt=ctx.attemptNumber(),
-            cpus=ctx.cpus(),
-            resources={name: list(info.addresses) for name, info in ctx.resources().items()},
-        )
-        hellos = _task_agents(hello, per_task, use_gpus)
-        if len(hellos) == 1:
-            yield json.dumps(run_agent(args, read_job, hellos[0]))
-            return
-        job = [read_job()]  # one copy for the task's agents, dropped once their ranks have ended
-        ended: list[str] = [""] * len(hellos)
+        with contextlib.ExitStack() as held:
+            shards = None
+            if feed is not None:
+                from ....agent.shard_writer import receive_shards
 
-        def agent(index: int) -> None:
-            ended[index] = run_agent(args, lambda: job[0], hellos[index])
+                shards = held.enter_context(receive_shards(batches, feed, ctx.partitionId()))
+            hello = Hello(
+                host="",  # the address it reaches the driver from, filled in by the agent
+                pid=os.getpid(),
+                executor=ctx.getTaskInfos()[ctx.partitionId()].address,
+                partition=ctx.partitionId(),
+                attempt=ctx.attemptNumber(),
+                cpus=ctx.cpus(),
+                resources={name: list(info.addresses) for name, info in ctx.resources().items()},
+            )
+            hellos = _task_agents(hello, per_task, use_gpus)
+            envs = [{} if shards is None else shards.rank_env(process) for process in range(len(hellos))]
+            if len(hellos) == 1:
+                yield json.dumps(run_agent(args, read_job, hellos[0], envs[0]))
+                return
+            job = [read_job()]  # one copy for the task's agents, dropped once their ranks have ended
+            ended: list[str] = [""] * len(hellos)
 
-        threads = [threading.Thread(target=agent, args=(i,), name=f"hvd-task-agent-{i}") for i in range(1, per_task)]
-        for thread in threads:
-            thread.start()
-        try:
-            agent(0)
-        finally:
-            for thread in threads:  # each ends with its rank (the driver's abort, or the channel's end)
-                thread.join()
-            job.clear()
-        yield json.dumps(ended)
+            def agent(index: int) -> None:
+                ended[index] = run_agent(args, lambda: job[0], hellos[index], envs[index])
+
+            threads = [
+                threading.Thread(target=agent, args=(i,), name=f"hvd-task-agent-{i}") for i in range(1, per_task)
+            ]
+            for thread in threads:
+                thread.start()
+            try:
+                agent(0)
+            finally:
+                for thread in threads:  # each ends with its rank (the driver's abort, or the channel's end)
+                    thread.join()
+                job.clear()
+            yield json.dumps(ended)
 
     return task
 
@@ -130,10 +150,16 @@ class SparkLauncher:
         per_task: int = 1,
         use_gpus: bool = True,
         naming: RunnerNaming = HOROVOD_RUNNER,
+        dataframe: DataFrame | None = None,
     ) -> None:
         self.naming = dataclasses.replace(naming, per_task=per_task)  # (its texts count the ranks of a task)
         self.group = f"{naming.job_group}-{uuid.uuid4().hex[:12]}"
         self.app = spark_app(spark, self.group, self.naming)
+        # a run on a DataFrame: its rows counted here (one Spark job; its errors raise here), then each barrier
+        # task reads its ranks' rows from the planned DataFrame
+        self.shard_plan: ShardPlan | None = None
+        if dataframe is not None:
+            self.shard_plan = plan_shards(dataframe, spark, size, per_task, naming)
         self.size = size  # ranks: agents
         self.per_task = per_task  # ranks (agents) in each task
         self.tasks = size // per_task
@@ -195,7 +221,9 @@ class SparkLauncher:
         if self._cancel_sent:  # cancelled as it started: nothing to submit
             return
         try:
-            self.app.run_barrier(self.tasks, task, self.group, f"{self.naming.runner}: {self.size} ranks")
+            inputs = None if self.shard_plan is None else self.shard_plan.frame
+            description = f"{self.naming.runner}: {self.size} ranks"
+            self.app.run_barrier(self.tasks, task, self.group, description, inputs)
         except BaseException as exc:  # noqa: BLE001 - surfaced through poll()
             self._failure = exc
 
@@ -205,7 +233,8 @@ class SparkLauncher:
         self.app.check_slots(self.tasks, self.slot_wait_timeout, self.cancelled)
         if self.cancelled():
             return
-        task = _barrier_task(args, self.app.ship(payload), self.per_task, self.use_gpus)
+        feed = None if self.shard_plan is None else self.shard_plan.feed
+        task = _barrier_task(args, self.app.ship(payload), self.per_task, self.use_gpus, feed)
         self._thread = threading.Thread(target=self._run_job, args=(task,), name="hvd-spark-job", daemon=True)
         self._thread.start()
 
