@@ -7,7 +7,7 @@ batch's columns are summed (every reader touches every value). Measured in each 
   ``dataframe_shard().iter_batches(1024)``;
 - PySpark's: ``pyspark.ml.torch.distributor.TorchDistributor._train_on_dataframe`` with its
   ``_get_spark_partition_data_loader(rows per rank, 1024)``;
-- the limit: NumPy over the same Arrow file as ours, memory-mapped (in our ranks, after our pass).
+- the limit: NumPy over the same Arrow file as ours, memory-mapped (in our ranks, after our two epochs).
 
 rows/s and MB/s into each rank (the slower rank's), and the seconds from the call to rank 0's first batch. Run::
 
@@ -43,12 +43,14 @@ def read_ours(batch_size: int) -> dict[str, float]:
 
     shard = dataframe_shard()
     first = None
-    started = time.perf_counter()
-    for batch in shard.iter_batches(batch_size):
-        first = first or time.time()
-        for values in batch.values():
-            values.sum()
-    ours = time.perf_counter() - started
+    passes = []
+    for _ in range(2):  # the first epoch, and the next (the file in the page cache, the columns' views made)
+        started = time.perf_counter()
+        for batch in shard.iter_batches(batch_size):
+            first = first or time.time()
+            for values in batch.values():
+                values.sum()
+        passes.append(time.perf_counter() - started)
     started = time.perf_counter()
     for record_batch in pa.ipc.open_stream(pa.memory_map(shard.info.path)):
         columns = [np.asarray(column.to_numpy(zero_copy_only=True)) for column in record_batch.columns]
@@ -56,7 +58,13 @@ def read_ours(batch_size: int) -> dict[str, float]:
             for values in columns:
                 values[start : start + batch_size].sum()
     limit = time.perf_counter() - started
-    return {"rows": shard.num_rows, "ours_s": ours, "limit_s": limit, "first_batch_at": first or 0.0}
+    return {
+        "rows": shard.num_rows,
+        "ours_s": passes[0],
+        "ours_again_s": passes[1],
+        "limit_s": limit,
+        "first_batch_at": first or 0.0,
+    }
 
 
 def read_pysparks(rows: int, batch_size: int) -> dict[str, float]:
@@ -115,6 +123,7 @@ def measure(spark: Any, rows: int) -> dict[str, Any]:
 
     figures = {
         "ours": {"rows_per_s": rate(ours, "ours_s"), "first_batch_s": ours_first},
+        "ours_again": {"rows_per_s": rate(ours, "ours_again_s"), "first_batch_s": None},
         "pyspark": {"rows_per_s": rate(theirs, "pyspark_s"), "first_batch_s": theirs_first},
         "limit": {"rows_per_s": rate(ours, "limit_s"), "first_batch_s": None},
     }
@@ -124,7 +133,12 @@ def measure(spark: Any, rows: int) -> dict[str, Any]:
 
 
 def format_report(figures: dict[str, Any], rows: int) -> str:
-    labels = {"ours": "ours (`iter_batches`)", "pyspark": "PySpark's loader", "limit": "NumPy, memory-mapped (limit)"}
+    labels = {
+        "ours": "ours (`iter_batches`), first epoch",
+        "ours_again": "ours, second epoch",
+        "pyspark": "PySpark's loader",
+        "limit": "NumPy, memory-mapped (limit)",
+    }
     table = markdown_table(
         ["reader", "rows/s per rank", "MB/s per rank", "call → rank 0's first batch (s)"],
         [
@@ -137,10 +151,10 @@ def format_report(figures: dict[str, Any], rows: int) -> str:
             for name, figure in figures.items()
         ],
     )
-    ours, theirs, limit = (figures[name]["rows_per_s"] for name in ("ours", "pyspark", "limit"))
+    ours, again, theirs, limit = (figures[name]["rows_per_s"] for name in ("ours", "ours_again", "pyspark", "limit"))
     return (
         f"{rows:,} rows x {COLUMNS} float columns, local[2], 2 processes, batches of {BATCH}\n{table}\n"
-        f"ours / PySpark's: {ours / theirs:.1f}x; ours / limit: {ours / limit:.2f}x"
+        f"ours / PySpark's: {ours / theirs:.1f}x; ours / limit: {ours / limit:.2f}x (second epoch {again / limit:.2f}x)"
     )
 
 

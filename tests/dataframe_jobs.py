@@ -41,6 +41,7 @@ def shard_task(feed: FeedSpec, read: Read) -> Callable[[Iterator[pa.RecordBatch]
         from pyspark import BarrierTaskContext
 
         from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+        from airflow_provider_hvd.runner.rank import dataframe as shard_reader
         from airflow_provider_hvd.runner.rank.dataframe import dataframe_shard
 
         ctx = BarrierTaskContext.get()
@@ -52,6 +53,9 @@ def shard_task(feed: FeedSpec, read: Read) -> Callable[[Iterator[pa.RecordBatch]
                     result = read(dataframe_shard())
                 finally:
                     os.environ.pop(SHARD_ENV)
+                    # a rank's process ends with its run; this Python worker lives on (Spark reuses it): let the
+                    # shard it opened go, as the rank's end would
+                    shard_reader._opened = None
                 record = {
                     "task": ctx.partitionId(),
                     "tasks": len(ctx.getTaskInfos()),

@@ -35,6 +35,7 @@ from dataframe_jobs import (
 from airflow_provider_hvd import dataframe_shard
 from airflow_provider_hvd.runner import reaper
 from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+from airflow_provider_hvd.runner.driver.launch.spark.cluster import is_connect
 from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import murmur3_int, partition_keys, plan_shards
 from airflow_provider_hvd.runner.shared.naming import TORCH_DISTRIBUTOR
 from airflow_provider_hvd.runner.shared.shards import SHARD_ENV, FeedSpec
@@ -54,10 +55,20 @@ def ids_of(shard) -> list[int]:
     return [int(i) for batch in shard.iter_batches(16, columns=["id"]) for i in batch["id"]]
 
 
+def functions_of(spark):
+    """pyspark's column functions for a classic session, Spark Connect's for a Connect one."""
+    if is_connect(spark):
+        from pyspark.sql.connect import functions
+
+        return functions
+    from pyspark.sql import functions
+
+    return functions
+
+
 def uneven(spark):
     """113 rows in 5 partitions of 25, 26, 26, 26 and 10 rows: ids 0-102, then 1000-1009."""
-    from pyspark.sql import functions as F
-
+    F = functions_of(spark)
     df = spark.range(0, 103, numPartitions=4).union(spark.range(1000, 1010, numPartitions=1))
     return df.select("id", (F.col("id") * 0.5).alias("half"))
 
@@ -125,7 +136,7 @@ def test_the_count_sees_the_partitions_adaptive_execution_gives_the_job(spark_lo
         base = spark_local.range(0, 20000, numPartitions=2).select(
             (F.col("id") % 400).alias("k"), F.sha2(F.col("id").cast("string"), 512).alias("s")
         )
-        df = base.groupBy("k").agg(F.collect_list("s").alias("ss"))
+        df = base.groupBy("k").agg(F.collect_list(F.crc32("s")).alias("ss"))
         plan = plan_shards(df.select("k"), spark_local, 2)  # (no column beyond the key: pruned)
         assert len(plan.partition_rows) == 1
         plan = plan_shards(df, spark_local, 2)
@@ -175,9 +186,15 @@ def test_the_plan_refuses_what_it_cannot_feed_in_one_sentence(spark_local):
 
 
 def test_a_dataframe_of_another_connect_session_is_refused(connect_local):
-    with connect_session(connect_local) as spark, connect_session(connect_local) as other:
-        with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession"):
-            plan_shards(other.range(4), spark, 2)
+    from pyspark.sql.connect.session import SparkSession
+
+    with connect_session(connect_local) as spark:
+        other = SparkSession.builder.remote(connect_local).create()  # (getOrCreate() would give spark again)
+        try:
+            with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession"):
+                plan_shards(other.range(4), spark, 2)
+        finally:
+            other.stop()
         with pytest.raises(ValueError, match=r"^The DataFrame has no rows"):
             plan_shards(spark.range(0), spark, 2)
 
@@ -698,3 +715,16 @@ def test_a_run_on_a_dataframe_refuses_what_it_cannot_feed_naming_the_fix(spark_l
     with by_value(ask_for_a_shard):
         with pytest.raises(RankFailedError, match=r"dataframe_shard\(\) works in the ranks of a run on a DataFrame"):
             TorchDistributor(num_processes=1, local_mode=True, use_gpu=False).run(ask_for_a_shard)
+
+
+def test_a_run_over_spark_connect_reads_its_shards_and_leaves_no_file(connect_local, tmp_path):
+    from airflow_provider_hvd import TorchDistributor
+
+    with connect_session(connect_local) as spark, by_value(shard_file_then):
+        df = spark.range(0, 30, numPartitions=3)
+        got = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).train_on_dataframe(
+            shard_file_then, df, str(tmp_path), "return"
+        )
+    assert got == list(range(15))
+    links, held = holders_of_files(tmp_path, 2)
+    assert all(link.endswith(" (deleted)") for link in links) and held == []

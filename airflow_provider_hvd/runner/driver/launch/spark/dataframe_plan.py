@@ -83,10 +83,21 @@ def partition_keys(partitions: int) -> list[int]:
     return [keys[t] for t in range(partitions)]
 
 
-def _column(name: str) -> Column:
-    from pyspark.sql import functions as F
+def _functions(df: DataFrame) -> Any:
+    """The column functions of ``df``'s kind of session: pyspark's own build classic columns only (they need a
+    SparkContext in this process), Spark Connect's its columns."""
+    if is_connect(df.sparkSession):
+        from pyspark.sql.connect import functions as connect_functions
 
-    return F.col("`" + name.replace("`", "``") + "`")
+        return connect_functions
+    from pyspark.sql import functions
+
+    return functions
+
+
+def _column(F: Any, name: str) -> Column:
+    column: Column = F.col("`" + name.replace("`", "``") + "`")
+    return column
 
 
 def _is_vector(data_type: Any) -> bool:
@@ -159,9 +170,8 @@ def check_columns(df: DataFrame) -> None:
 
 def count_partitions(df: DataFrame) -> list[int]:
     """Rows per partition of ``df``, as the barrier job will see them (one Spark job)."""
-    from pyspark.sql import functions as F
-
-    every_column = F.xxhash64(*[_column(name) for name in df.columns])  # (see the module's docstring)
+    F = _functions(df)
+    every_column = F.xxhash64(*[_column(F, name) for name in df.columns])  # (see the module's docstring)
     counted = (
         df.select(F.spark_partition_id().alias("p"), every_column.alias("h"))
         .groupBy("p")
@@ -176,7 +186,7 @@ def count_partitions(df: DataFrame) -> list[int]:
 
 def shard_frame(df: DataFrame, partition_rows: list[int], feed: FeedSpec) -> DataFrame:
     """``df`` in ``feed.tasks`` partitions, task ``t``'s rows in partition ``t`` in order, with ROW_COLUMN."""
-    from pyspark.sql import functions as F
+    F = _functions(df)
 
     offsets = [sum(partition_rows[:p]) for p in range(len(partition_rows))]
     offset = F.element_at(F.array(*[F.lit(o).cast("long") for o in offsets]), F.spark_partition_id() + 1)
