@@ -1,11 +1,11 @@
 """Distributed deep learning with Horovod or torch.distributed, launched on Spark, driven from Airflow.
 
-``HorovodRunner``, ``TorchDistributor``, ``log_to_driver``, the progress API (``log_metrics``,
-``report_checkpoint``, ``last_checkpoint``) and a rank's DataFrame shard (``dataframe_shard``,
-``get_spark_partition_data_loader``) work without Airflow; ``HorovodHook``, ``HorovodRunnerOperator``,
-``TorchDistributorOperator``, ``horovod_task`` and ``torch_distributed_task`` need it. Every name is imported
-on first use: importing the package (as Airflow does to discover the provider) imports neither Airflow nor
-Horovod, torch or pyspark.
+``HorovodRunner``, ``TorchDistributor``, ``attach`` (a submitted run's ``Job``), ``log_to_driver``, the
+progress API (``log_metrics``, ``report_checkpoint``, ``last_checkpoint``) and a rank's DataFrame shard
+(``dataframe_shard``, ``get_spark_partition_data_loader``) work without Airflow; ``HorovodHook``,
+``HorovodRunnerOperator``, ``TorchDistributorOperator``, ``horovod_task`` and ``torch_distributed_task`` need it.
+Every name is imported on first use: importing the package (as Airflow does to discover the provider) imports
+neither Airflow nor Horovod, torch or pyspark.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ _EXPORTS = {
     "HorovodRunner": "airflow_provider_hvd.runner.runner",
     "TorchDistributor": "airflow_provider_hvd.runner.torch_distributor",
     "HorovodRunnerError": "airflow_provider_hvd.runner.errors",
+    "JobNotFoundError": "airflow_provider_hvd.runner.errors",
+    "Job": "airflow_provider_hvd.runner.jobs",
+    "JobStatus": "airflow_provider_hvd.runner.jobs",
+    "attach": "airflow_provider_hvd.runner.jobs",
     "LaunchError": "airflow_provider_hvd.runner.errors",
     "RankFailedError": "airflow_provider_hvd.runner.errors",
     "RunCancelledError": "airflow_provider_hvd.runner.errors",
@@ -44,12 +48,16 @@ __all__ = [
     "HorovodRunner",
     "HorovodRunnerError",
     "HorovodRunnerOperator",
+    "Job",
+    "JobNotFoundError",
+    "JobStatus",
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
     "RunStalledError",
     "TorchDistributor",
     "TorchDistributorOperator",
+    "attach",
     "dataframe_shard",
     "get_spark_partition_data_loader",
     "horovod_task",
@@ -68,11 +76,13 @@ if TYPE_CHECKING:
     from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
     from airflow_provider_hvd.runner.errors import (
         HorovodRunnerError,
+        JobNotFoundError,
         LaunchError,
         RankFailedError,
         RunCancelledError,
         RunStalledError,
     )
+    from airflow_provider_hvd.runner.jobs import Job, JobStatus, attach
     from airflow_provider_hvd.runner.rank.control import log_to_driver
     from airflow_provider_hvd.runner.rank.dataframe import DataFrameShard, dataframe_shard
     from airflow_provider_hvd.runner.rank.partition_loader import get_spark_partition_data_loader

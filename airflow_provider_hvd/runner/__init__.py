@@ -7,9 +7,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError, RunStalledError
+from .errors import (
+    HorovodRunnerError,
+    JobNotFoundError,
+    LaunchError,
+    RankFailedError,
+    RunCancelledError,
+    RunStalledError,
+)
 
 if TYPE_CHECKING:
+    from .jobs import Job, JobStatus, attach
     from .rank.control import log_to_driver
     from .rank.dataframe import DataFrameShard, dataframe_shard
     from .rank.partition_loader import get_spark_partition_data_loader
@@ -21,6 +29,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "HorovodRunner": ".runner",
     "TorchDistributor": ".torch_distributor",
+    "Job": ".jobs",
+    "JobStatus": ".jobs",
+    "attach": ".jobs",
     "log_to_driver": ".rank.control",
     "log_metrics": ".rank.progress",
     "report_checkpoint": ".rank.progress",
@@ -34,11 +45,15 @@ __all__ = [
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",
+    "Job",
+    "JobNotFoundError",
+    "JobStatus",
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
     "RunStalledError",
     "TorchDistributor",
+    "attach",
     "dataframe_shard",
     "get_spark_partition_data_loader",
     "last_checkpoint",

@@ -15,6 +15,10 @@ class RunCancelledError(HorovodRunnerError):
     """The run was cancelled with :meth:`HorovodRunner.cancel`; every rank was ended."""
 
 
+class JobNotFoundError(HorovodRunnerError, LookupError):
+    """``attach()`` found no run for the id: it ended (its host released its session), or the id is unknown."""
+
+
 class RankFailedError(HorovodRunnerError):
     """A rank failed; the other ranks were ended.
 

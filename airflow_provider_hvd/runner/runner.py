@@ -20,7 +20,7 @@ from .driver.tracking.mlflow_run import MlflowRun, start_mlflow_run
 from .driver.tracking.progress import RunProgress
 from .driver.verdict.stacks import CodeFiles
 from .driver.watch.channel import rank_log
-from .errors import RunCancelledError
+from .errors import LaunchError, RunCancelledError
 from .mlflow_settings import import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
 from .shared.liveness import liveness_settings, warn_if_gloo_first
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .driver.launch.launcher import Launcher
     from .driver.ranks.kind import RankKind
     from .driver.watch.supervisor import Supervisor
+    from .jobs import Job
 
 
 def _supervisor_class() -> type[Supervisor]:
@@ -216,6 +217,68 @@ class _Runner:
         finally:
             self._runs.remove(run)
 
+    def _spark_launch(self) -> tuple[SparkSession, int, bool]:
+        """The session a Spark run uses, its ranks per task and whether they get GPUs; LaunchError for a local
+        run (each runner says its own words)."""
+        raise NotImplementedError
+
+    def _submit_job(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Job:
+        """Start ``main(*args, **kwargs)`` on every rank, supervised inside the cluster; the run's handle."""
+        from .driver.launch.spark.cluster import is_connect
+        from .durable.host import HostSpec
+        from .durable.submit import submit_run
+
+        runner = self.naming.runner
+        spark, per_task, use_gpus = self._spark_launch()
+        if not is_connect(spark):
+            raise LaunchError(
+                f"{runner}.submit() needs a Spark Connect session (SparkSession.builder.remote('sc://...')): on "
+                "classic Spark this process is the run's driver and the run cannot outlive it, so use run() here, "
+                "or a Spark Connect server (YARN/Kubernetes cluster mode is a design: docs/durable-runs.md)."
+            )
+        if self.settings.mlflow is not None:
+            raise LaunchError(
+                f"{runner}.submit() does not make MLflow runs yet (mlflow=): use run(), or log to MLflow from rank 0."
+            )
+        run = _Run()
+        self._runs.append(run)
+        try:
+            payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes, runner=runner)
+            kind = self._rank_kind()
+            conf = session_conf(spark)
+            channel_tls = spark_encrypts(conf) is not None
+            if channel_tls:
+                warn_if_spark_encrypted(conf, runner, kind.unencrypted)
+            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s, runner)
+            if kind.name == "Horovod":
+                warn_if_gloo_first(liveness, os.environ)
+            settings = self.settings
+            spec = HostSpec(
+                self.naming,
+                "Horovod" if kind.name == "Horovod" else "torch",
+                self._size(per_task),
+                per_task,
+                use_gpus,
+                settings.driver_log_verbosity,
+                self.start_timeout_s,
+                settings.slot_wait_timeout,
+                settings.stall_timeout,
+                settings.exit_timeout,
+                liveness,
+                channel_tls,
+                self.metrics_rank,
+                self.progress_interval_s,
+                settings.resume_from,
+                settings.detached_timeout,
+                CodeFiles(main, args, kwargs),
+            )
+            return submit_run(spark, spec, payload, settings.progress_sink, lambda: run.cancelled)  # type: ignore[arg-type]
+        finally:
+            self._runs.remove(run)
+
+    def _size(self, per_task: int) -> int:
+        raise NotImplementedError
+
     def _start_mlflow_run(self, size: int, conf: Callable[[str], str | None]) -> MlflowRun | None:
         """The run's MLflow run when ``mlflow`` is set and its tracking server made it (else one warning)."""
         if self.settings.mlflow is None:
@@ -307,6 +370,25 @@ class HorovodRunner(_Runner):
             )
         check_fits(main, (), kwargs)
         return self._run_job(main, (), kwargs, df)
+
+    def submit(self, main: Callable[..., Any], /, **kwargs: Any) -> Job:
+        """Start ``main(**kwargs)`` on every rank over Spark Connect, supervised inside the cluster, and return
+        its handle at once: the run goes on without this process (``job.id`` finds it again:
+        ``airflow_provider_hvd.attach``). ``job.wait()`` returns what :meth:`run` would. See docs/durable-runs.md.
+        """
+        check_fits(main, (), kwargs)
+        return self._submit_job(main, (), kwargs)
+
+    def _spark_launch(self) -> tuple[SparkSession, int, bool]:
+        if self.num_processor < 0:
+            raise LaunchError(
+                f"{self.naming.runner}(np={self.num_processor}).submit(): a local run lives in this process and "
+                "cannot outlive it; use run(), or np > 0 on a Spark Connect session."
+            )
+        return self._spark(), 1, True
+
+    def _size(self, per_task: int) -> int:
+        return self.num_processor
 
     def _rank_kind(self) -> RankKind:
         from .driver.ranks.kind import horovod_kind

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from .mlflow_settings import MlflowSettings, mlflow_option, mlflow_settings
 from .rank.progress import RESERVED_INFO
-from .shared.timing import DEFAULT_EXIT_TIMEOUT_S
+from .shared.timing import DEFAULT_DETACHED_TIMEOUT_S, DEFAULT_EXIT_TIMEOUT_S
 
 VERBOSITIES = ("all", "log_callback_only")
 DEFAULT_SLOT_WAIT_S = 600.0
@@ -81,15 +81,25 @@ def check_stall_timeout(stall_timeout: object) -> float | None:
     return float(seconds)
 
 
+def _positive_seconds(value: object, name: str, what: str) -> float:
+    """``value`` (seconds or a timedelta) in seconds; ``ValueError`` naming ``name`` and ``what`` it bounds for
+    anything but a positive, finite number of seconds."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise ValueError(f"{name} must be a positive number of seconds (or a timedelta): {what}; not {value!r}")
+    return float(seconds)
+
+
 def check_exit_timeout(exit_timeout: object) -> float:
     """``exit_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
-    seconds = exit_timeout.total_seconds() if isinstance(exit_timeout, timedelta) else exit_timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-        raise ValueError(
-            "exit_timeout must be a positive number of seconds (or a timedelta): how long the ranks' exit work "
-            f"(atexit handlers, trackers' flushes) may take once every rank returned; not {exit_timeout!r}"
-        )
-    return float(seconds)
+    what = "how long the ranks' exit work (atexit handlers, trackers' flushes) may take once every rank returned"
+    return _positive_seconds(exit_timeout, "exit_timeout", what)
+
+
+def check_detached_timeout(detached_timeout: object) -> float:
+    """``detached_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
+    what = "how long a submitted run goes on with nobody attached before it ends itself"
+    return _positive_seconds(detached_timeout, "detached_timeout", what)
 
 
 def resume_value(resume_from: object) -> dict[str, Any] | None:
@@ -134,6 +144,7 @@ class RunOptions(TypedDict, total=False):
     resume_from: Mapping[str, Any] | str | None
     progress_sink: ProgressSink | None
     mlflow: bool | Mapping[str, Any] | MlflowSettings | None
+    detached_timeout: float | timedelta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +183,9 @@ class RunSettings:
         the run. A tracking server that cannot be reached costs a warning, not the training. After ``run``,
         ``mlflow_run_id`` and ``mlflow_run_url`` name it (None when there is none). See
         docs/mlflow-openlineage.md.
+    :param detached_timeout: for a submitted run (``submit()``, over Spark Connect): seconds (or a timedelta,
+        default 900) that it goes on with nobody attached; then it ends itself: every rank ended, its Spark jobs
+        interrupted, its Connect sessions released (docs/durable-runs.md). ``run()`` stays attached throughout.
     """
 
     driver_log_verbosity: str = _setting("log_callback_only", check_verbosity)
@@ -181,6 +195,7 @@ class RunSettings:
     resume_from: dict[str, Any] | None = _setting(None, resume_value, task=False)
     progress_sink: ProgressSink | None = _setting(None, _as_sink, task=False)
     mlflow: MlflowSettings | None = _setting(None, mlflow_settings, task_check=mlflow_option)
+    detached_timeout: float = _setting(DEFAULT_DETACHED_TIMEOUT_S, check_detached_timeout)
 
     @classmethod
     def from_kwargs(cls, given: Mapping[str, Any], owner: str, /, **defaults: Any) -> RunSettings:

@@ -30,11 +30,19 @@ if TYPE_CHECKING:
 
     from .driver.launch.launcher import Launcher
     from .driver.ranks.kind import RankKind
+    from .jobs import Job
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 PYSPARK_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"  # PySpark's ``ssl_conf`` (its runs read it; these need not)
 DRIVER_GPUS = "spark.driver.resource.gpu.amount"
+
+
+def _read_script(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"train_object {path!r} is not a readable Python file: {exc}") from exc
 
 
 class TorchDistributor(_Runner):
@@ -131,11 +139,7 @@ class TorchDistributor(_Runner):
             if kwargs:
                 raise ValueError("Running pytorch file does not support key-word type arguments.")
             path = os.fspath(train_object)
-            try:
-                source = Path(path).read_bytes()
-            except OSError as exc:
-                raise ValueError(f"train_object {path!r} is not a readable Python file: {exc}") from exc
-            self._run_job(run_script, (os.path.abspath(path), source, [str(arg) for arg in args]), {})
+            self._run_job(run_script, (os.path.abspath(path), _read_script(path), [str(arg) for arg in args]), {})
             return None
         check_fits(train_object, args, kwargs)
         return self._run_job(train_object, args, kwargs)
@@ -159,6 +163,30 @@ class TorchDistributor(_Runner):
         return self._run_job(train_function, args, kwargs, df)
 
     _train_on_dataframe = train_on_dataframe  # PySpark's private name for it
+
+    def submit(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Job:
+        """Start what :meth:`run` runs over Spark Connect, supervised inside the cluster, and return its handle at
+        once (``job.wait()`` returns what :meth:`run` would); see ``HorovodRunner.submit``."""
+        if isinstance(train_object, str | os.PathLike):
+            if kwargs:
+                raise ValueError("Running pytorch file does not support key-word type arguments.")
+            path = os.fspath(train_object)
+            return self._submit_job(run_script, (os.path.abspath(path), _read_script(path), [str(a) for a in args]), {})
+        check_fits(train_object, args, kwargs)
+        return self._submit_job(train_object, args, kwargs)
+
+    def _spark_launch(self) -> tuple[SparkSession, int, bool]:
+        if self.local_mode:
+            raise LaunchError(
+                f"{self.naming.runner}(local_mode=True).submit(): a local run lives in this process and cannot "
+                "outlive it; use run(), or local_mode=False on a Spark Connect session."
+            )
+        spark = self._spark()
+        self._plan(spark)
+        return spark, self._per_task, self.use_gpu
+
+    def _size(self, per_task: int) -> int:
+        return self.num_processes
 
     def _rank_kind(self) -> RankKind:
         from .driver.ranks.kind import torch_kind

@@ -74,9 +74,24 @@ REPORT_DELIVERY_S = 600.0
 STACKS_WAIT_S = 5.0
 STACKS_ANSWER_WAIT_S = 2.0
 
+# -- runs that outlive the submitting process (runner/durable/) ---------------------------------------------------
+
+# A submitted run with nobody attached for this long ends itself (its lease): a lost Airflow worker's retry starts
+# ~10 minutes later on Airflow's defaults (heartbeat timeout 300 s + retry delay 300 s), and must find the run.
+DEFAULT_DETACHED_TIMEOUT_S = 900.0
+
+# The run's host makes an RPC in each of its Connect sessions this often: a session with no RPC for the server's
+# spark.connect.session.manager.defaultSessionTimeout (60 min by default) is closed, and its operations with it.
+SESSION_KEEPALIVE_S = 60.0
+
+# submit() waits this long, beyond the slot wait, for the run's host to publish its link (a Python worker's
+# start, pyspark's imports and a Connect session of its own: seconds; a fresh server's first Python job: ~20 s).
+HOST_START_TIMEOUT_S = 120.0
+
 __all__ = [
     "ABORT_WAIT_S",
     "CONNECT_TIMEOUT_S",
+    "DEFAULT_DETACHED_TIMEOUT_S",
     "DEFAULT_EXIT_TIMEOUT_S",
     "EXIT_AFTER_REPORT_S",
     "FINAL_WRITE_S",
@@ -84,10 +99,12 @@ __all__ = [
     "HANDSHAKE_TIMEOUT_S",
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
+    "HOST_START_TIMEOUT_S",
     "LAUNCH_FAILURE_SETTLE_S",
     "MIN_BEATS_PER_TIMEOUT",
     "REPORT_DELIVERY_S",
     "SEND_TIMEOUT_S",
+    "SESSION_KEEPALIVE_S",
     "SETTLE_S",
     "STACKS_ANSWER_WAIT_S",
     "STACKS_WAIT_S",

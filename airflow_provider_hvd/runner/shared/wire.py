@@ -56,6 +56,17 @@ class Kind(enum.IntEnum):
     RANK_STATE = 9
     DUMP_STACKS = 14
     RANK_READY = 24
+    # a submitted run's link (runner/durable/link.py): the run's host <-> an attached client
+    LINK_ATTACH = 30  # client -> host: who attaches, and where its log lines resume
+    LINK_LINES = 31  # host -> client: numbered log lines, and how many were lost
+    LINK_ACK = 32  # client -> host: the lines it has relayed
+    LINK_STATUS = 33  # host -> client: the run's phase
+    LINK_PROGRESS = 34  # host -> client: a progress write (metrics, checkpoint)
+    LINK_OUTCOME = 35  # host -> client: how the run ended
+    LINK_RESULT = 36  # host -> client: rank 0's pickled value, as the rank sent it
+    LINK_CANCEL = 37  # client -> host: end the run
+    LINK_FETCHED = 38  # client -> host: the outcome arrived; the host may end
+    LINK_ALIVE = 39  # both ways: a heartbeat
 
 
 class ConnectionClosed(EOFError):

@@ -15,7 +15,7 @@ from ...shared.messages import AgentFailed as AgentFailedMessage
 from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
 from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
-from ...shared.wire import new_secret
+from ...shared.wire import Body, new_secret
 from ..events import (
     AgentFailed,
     AgentLost,
@@ -102,6 +102,14 @@ class Supervisor:
         self._runner = launcher.naming.runner  # the first word of the run's log lines
 
     def run(self) -> Any:
+        return unpickle(self.run_raw())  # (pickle.load reads cloudpickle's data: a large result piece by piece)
+
+    def status(self) -> tuple[str, int]:
+        """The run's phase (``Phase``'s value) and how many agents have said hello, from any thread."""
+        return self._outcome.phase.value, self._agents_started()
+
+    def run_raw(self) -> Body:
+        """:meth:`run`, with rank 0's value as it came, still pickled (a submitted run's host sends it on)."""
         secret = new_secret()
         certificate = RunCertificate.new() if self._channel_tls else None
         tls = certificate.context if certificate else None
@@ -148,7 +156,7 @@ class Supervisor:
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
         assert rank0.result is not None
-        return unpickle(rank0.result)  # (pickle.load reads cloudpickle's data: a large result piece by piece)
+        return rank0.result
 
     def _clean_up(self, channel: DriverChannel) -> None:
         """Close the channel, end the launch, stop the rendezvous: each whatever the others did, and none of

@@ -29,6 +29,9 @@ PARTS = {
     "SparkConnectClient._builder.endpoint": "the texts name the server by its host alone",
     "SparkConnectClient._builder.secure": "whether the Connect channel is TLS is not known: taken as not",
     "SparkSession._get_default_session": "a Connect session made in another thread is not found",
+    "SparkConnectClient._builder._params": "submit() cannot start a run: it opens sessions like the client's",
+    "SparkConnectClient._get_operation_statuses": "attach() to an unknown id leaves the empty session it opened",
+    "SparkConnectClient._release_session_on_exit": "SPARK_CONNECT_RELEASE_SESSION_ON_EXIT ends submitted runs",
 }
 _CANCEL = ("SparkConnectClient._interrupt_request", "SparkConnectClient._stub", "SparkConnectClient._builder.metadata")
 _warned: set[str] = set()
@@ -118,3 +121,38 @@ def default_session() -> SparkSession | None:
         _lacks("SparkSession._get_default_session")
         return None
     return ConnectSession._get_default_session()
+
+
+def connection_params(spark: SparkSession) -> dict[str, str]:
+    """The parameters of the session's connection string (``token``, ``use_ssl``, ``user_id``, headers), without
+    its session id; the user id the client sends is set even where it came from the environment (``$USER``)."""
+    if not _has(spark.client, "SparkConnectClient._builder._params"):
+        _lacks("SparkConnectClient._builder._params")
+        raise RuntimeError(PARTS["SparkConnectClient._builder._params"])
+    builder: Any = spark.client._builder
+    params = {key: str(value) for key, value in dict(builder._params).items() if key != "session_id"}
+    params["user_id"] = str(getattr(spark.client, "_user_id", None) or "")
+    return params
+
+
+def running_operations(spark: SparkSession) -> int | None:
+    """How many operations of the session run now; None where pyspark cannot tell."""
+    client: Any = spark.client
+    if not _has(client, "SparkConnectClient._get_operation_statuses"):
+        _lacks("SparkConnectClient._get_operation_statuses")
+        return None
+    from pyspark.sql.connect.proto import base_pb2
+
+    running = base_pb2.GetStatusResponse.OperationStatus.OPERATION_STATE_RUNNING
+    statuses = client._get_operation_statuses().operation_statuses
+    return int(sum(status.state == running for status in statuses))
+
+
+def keep_session_on_exit(spark: SparkSession) -> None:
+    """This process's exit never releases the session (``SPARK_CONNECT_RELEASE_SESSION_ON_EXIT`` would)."""
+    client: Any = spark.client
+    spark.release_session_on_close = False  # (pyspark's own switch: stop() closes the channel alone)
+    if not _has(client, "SparkConnectClient._release_session_on_exit"):
+        _lacks("SparkConnectClient._release_session_on_exit")
+        return
+    client._release_session_on_exit = False

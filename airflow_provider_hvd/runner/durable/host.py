@@ -1,0 +1,483 @@
+"""A submitted run's host: the one task of the run's own Connect operation, in an executor of the cluster.
+
+It joins the run's session (the client's ``submit()`` made it) to publish its link there (:data:`.link.LINK_CONF`),
+opens a second session of its own for the ranks' barrier job and runs the supervisor over it with the Spark
+launcher, the driver's address being this executor's: the ranks reach their supervisor inside the cluster. It
+relays the run's log lines (numbered, :mod:`.ring`), its status and progress to every client attached over the
+link, and ends the run when a client cancels it or nobody has been attached for ``detached_timeout`` (the
+lease). It keeps the outcome until a client fetched it or the lease ran out, then releases both sessions:
+nothing of the run is left on the server (releasing the run's session ends this task's operation too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RunCancelledError
+from ..shared.liveness import Liveness
+from ..shared.messages import Message
+from ..shared.naming import RunnerNaming
+from ..shared.timing import SESSION_KEEPALIVE_S
+from ..shared.tls import RunCertificate
+from ..shared.wire import AuthenticationError, FrameStream, Pieces, new_secret
+from . import link
+from .outcome_parts import error_parts, first_line
+from .ring import LineRing, entry_lines
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession
+
+    from ..driver.verdict.stacks import CodeFiles
+    from ..driver.watch.supervisor import Supervisor
+
+log = logging.getLogger("airflow_provider_hvd.runner")
+_PACKAGE_LOG = "airflow_provider_hvd"
+_WRITER_WAKE_S = 0.5  # a status change reaches the attached clients within this
+_RELEASE_CALL_S = 10.0
+SCHEMA = "ended string"  # the operation's one row
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What the host needs to run the supervisor as the client's runner would (pickled into the task)."""
+
+    naming: RunnerNaming
+    kind: str  # "Horovod" or "torch"
+    size: int
+    per_task: int
+    use_gpus: bool
+    verbosity: str
+    start_timeout_s: float
+    slot_wait_timeout: float
+    stall_timeout: float | None
+    exit_timeout: float
+    liveness: Liveness
+    channel_tls: bool
+    metrics_rank: int
+    progress_interval_s: float
+    resume_from: dict[str, Any] | None
+    detached_timeout: float
+    code_files: CodeFiles | None
+    connection: str = ""  # sc://host:port/;params, the server's token among them (it travels in the plan)
+    run_session: str = ""
+    tag: str = ""
+
+
+class _Capture(logging.Handler):
+    """The package's log records on the host, as ring entries (a rank's lines as they were relayed)."""
+
+    def __init__(self, ring: LineRing) -> None:
+        super().__init__(logging.INFO)
+        self.ring = ring
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            lines = getattr(record, "rank_lines", None)
+            if lines is not None and isinstance(record.args, tuple) and record.args:
+                self.ring.append(["rank", record.args[0], list(lines)])
+            else:
+                self.ring.append(["log", record.name, record.levelno, self.format(record)])
+        except Exception:  # noqa: BLE001 - logging never raises into the run
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _captured(ring: LineRing) -> Iterator[None]:
+    package = logging.getLogger(_PACKAGE_LOG)
+    handler, level = _Capture(ring), package.level
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
+
+
+def open_session(connection: str, session_id: str | None) -> SparkSession:
+    """A Connect session to the run's server (the run's own by its id, or a fresh one), not made this process's
+    default or active one, and never released by this process's exit."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from ..driver.launch.spark.connect_client import keep_session_on_exit
+
+    spark = ConnectSession(connection=connection + (f";session_id={session_id}" if session_id else ""))
+    keep_session_on_exit(spark)
+    return spark
+
+
+def release(spark: SparkSession) -> None:
+    """Release the session on the server (bounded), whatever it was doing."""
+    from ..driver.launch.spark.connect_client import bound_release
+
+    spark.release_session_on_close = True
+    bound_release(spark, _RELEASE_CALL_S)
+    spark.stop()
+
+
+class _LinkSink:
+    """The run's progress sink on the host: the latest write of each kind, for every attached client."""
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+
+    def metrics(self, snapshot: dict[str, Any]) -> None:
+        self._host.progress_write("metrics", snapshot)
+
+    def checkpoint(self, record: dict[str, Any]) -> None:
+        self._host.progress_write("checkpoint", record)
+
+
+class Host:
+    def __init__(self, spec: HostSpec, read_job: Callable[[], bytes]) -> None:
+        self.spec = spec
+        self._read_job = read_job
+        self.ring = LineRing()
+        self._lock = threading.Lock()
+        self._attached = 0
+        self._detached_since = time.monotonic()
+        self._cancel_asked = False
+        self._lease_ended = False
+        self.fetched = threading.Event()
+        self.ended = threading.Event()  # the host is done: its clients' threads end
+        self.progress: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.outcome: tuple[link.Outcome, bytes | None] | None = None
+        self._supervisor: Supervisor | None = None
+        self._ended_status: link.Status | None = None
+
+    # what the link's peers ask
+
+    def status(self) -> link.Status:
+        if self._ended_status is not None:
+            return self._ended_status
+        phase, started = self._supervisor.status() if self._supervisor is not None else ("starting", 0)
+        return link.Status("ending" if phase == "settling" else phase, started, self.spec.size)
+
+    def progress_write(self, what: str, value: dict[str, Any]) -> None:
+        with self.ring.changed:
+            version = self.progress.get(what, (0, {}))[0] + 1
+            self.progress[what] = (version, value)
+            self.ring.changed.notify_all()
+
+    def cancel(self) -> None:
+        self._cancel_asked = True
+
+    def attached(self, delta: int) -> None:
+        with self._lock:
+            self._attached += delta
+            if self._attached == 0:
+                self._detached_since = time.monotonic()
+
+    def lease_over(self) -> bool:
+        with self._lock:
+            over = self._attached == 0 and time.monotonic() - self._detached_since > self.spec.detached_timeout
+        return over
+
+    def _cancelled(self) -> bool:
+        if not self._cancel_asked and not self._lease_ended and self.lease_over():
+            self._lease_ended = True
+            log.warning(
+                "%s: nobody has been attached to this run for %gs (detached_timeout): it ends",
+                self.spec.naming.runner,
+                self.spec.detached_timeout,
+            )
+        return self._cancel_asked or self._lease_ended
+
+    # the run
+
+    def run(self) -> str:
+        spec = self.spec
+        with _captured(self.ring):
+            run_session = open_session(spec.connection, spec.run_session)
+            try:
+                server = _LinkServer(self, run_session)
+                try:
+                    run_session.conf.set(link.LINK_CONF, server.address.to_conf())
+                    keepalive = _KeepAlive([run_session])
+                    try:
+                        self._supervise(keepalive)
+                        self._keep_outcome()
+                    finally:
+                        keepalive.stop()
+                finally:
+                    self.ended.set()
+                    server.close()
+            finally:
+                release(run_session)  # (ends this task's own operation: everything else is done)
+        return "ended"
+
+    def _supervise(self, keepalive: _KeepAlive) -> None:
+        from ..driver.tracking.progress import RunProgress
+
+        spec = self.spec
+        progress = RunProgress(spec.metrics_rank, _LinkSink(self), spec.progress_interval_s, spec.resume_from)
+        result: bytes | None = None
+        error: BaseException | None = None
+        ranks: SparkSession | None = None
+        try:
+            ranks = open_session(spec.connection, None)
+            keepalive.sessions.append(ranks)
+            self._supervisor = self._make_supervisor(ranks, progress)
+            body = self._supervisor.run_raw()
+            result = body.read() if isinstance(body, Pieces) else bytes(body)
+        except BaseException as exc:  # noqa: BLE001 - every end is the run's outcome, for the client
+            error = exc
+            if isinstance(exc, RunCancelledError) and self._lease_ended:
+                error = RunCancelledError(
+                    f"{spec.naming.runner}: the run ended itself: nobody was attached to it for "
+                    f"{spec.detached_timeout:g}s (detached_timeout), and every rank was ended"
+                )
+        finally:
+            progress.flush()
+            if ranks is not None:
+                with contextlib.suppress(Exception):
+                    release(ranks)
+        metrics = {name: [list(point) for point in points] for name, points in progress.history.as_dict().items()}
+        outcome = link.Outcome(None if error is None else error_parts(error), metrics, progress.checkpoint)
+        with self.ring.changed:
+            cause = None if error is None else first_line(error)
+            started = self._supervisor.status()[1] if self._supervisor is not None else 0
+            self._ended_status = link.Status("ended", started, spec.size, cause)
+            self.outcome = (outcome, result)
+            self.ring.changed.notify_all()
+        if error is not None:
+            log.info("%s: the run ended: %s", spec.naming.runner, first_line(error))
+
+    def _make_supervisor(self, ranks: SparkSession, progress: Any) -> Supervisor:
+        from ..driver.launch.spark.barrier import SparkLauncher
+        from ..driver.ranks.kind import RankKind, horovod_kind, torch_kind
+        from ..driver.watch.supervisor import Supervisor
+
+        spec = self.spec
+        launcher = SparkLauncher(
+            ranks,  # type: ignore[arg-type]  # (a Connect session has the classic one's API)
+            spec.size,
+            spec.slot_wait_timeout,
+            cancelled=self._cancelled,
+            per_task=spec.per_task,
+            use_gpus=spec.use_gpus,
+            naming=spec.naming,
+        )
+        kind: RankKind = horovod_kind() if spec.kind == "Horovod" else torch_kind()
+        return Supervisor(
+            launcher,
+            self._read_job(),
+            spec.verbosity,
+            self._cancelled,
+            spec.start_timeout_s,
+            progress,
+            spec.liveness,
+            stall_timeout=spec.stall_timeout,
+            code_files=spec.code_files,
+            channel_tls=spec.channel_tls,
+            kind=kind,
+            exit_timeout_s=spec.exit_timeout,
+        )
+
+    def _keep_outcome(self) -> None:
+        """Until a client fetched the outcome, or nobody was attached for ``detached_timeout``."""
+        while not self.fetched.wait(0.2):
+            if self.lease_over():
+                log.warning(
+                    "%s: nobody fetched the run's outcome within %gs (detached_timeout): it is dropped",
+                    self.spec.naming.runner,
+                    self.spec.detached_timeout,
+                )
+                return
+
+
+class _KeepAlive:
+    """An RPC in each of the host's sessions every ``SESSION_KEEPALIVE_S``: a session idle for the server's
+    session timeout would be closed with its operations."""
+
+    def __init__(self, sessions: list[SparkSession]) -> None:
+        self.sessions = sessions
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hvd-host-keepalive", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SESSION_KEEPALIVE_S):
+            for spark in list(self.sessions):
+                try:
+                    spark.conf.get(link.LINK_CONF, None)
+                except Exception as exc:  # noqa: BLE001 - the next one may pass; the run does not depend on it
+                    log.warning("could not renew the Spark Connect session %s: %s", spark.session_id, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _LinkServer:
+    """Accepts the link's connections (``hvd-link``); each authenticated client gets a :class:`_Peer`."""
+
+    def __init__(self, host: Host, run_session: SparkSession) -> None:
+        from ..driver.launch.address import connect_driver_address, listening_socket
+        from ..driver.launch.spark.cluster import is_local, session_conf
+
+        self._host = host
+        conf = session_conf(run_session)
+        spec = host.spec
+        where = connect_driver_address(conf, run_session.client.host, is_local(conf("spark.master") or ""), spec.naming)
+        self._certificate = RunCertificate.new() if spec.channel_tls else None
+        self._secret = new_secret()
+        self._listener = listening_socket(where.bind, 0, 16)  # (any free port: the link is found by its session)
+        self._listener.settimeout(0.5)
+        self.address = link.LinkAddress(
+            where.advertised,
+            self._listener.getsockname()[1],
+            self._secret.hex(),
+            self._certificate.fingerprint if self._certificate else None,
+            socket.gethostname(),
+            os.getpid(),
+            spec.liveness.interval_s,
+            spec.liveness.timeout_s,
+        )
+        self._thread = threading.Thread(target=self._serve, name="hvd-link", daemon=True)
+        self._thread.start()
+        log.info(
+            "%s: this run's host listens for its clients at %s:%d%s",
+            spec.naming.runner,
+            self.address.host,
+            self.address.port,
+            ", TLS 1.3" if self._certificate else "",
+        )
+
+    def _serve(self) -> None:
+        while not self._host.ended.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._admit, args=(sock, peer), name="hvd-link-peer", daemon=True).start()
+
+    def _admit(self, sock: socket.socket, peer: tuple[str, int]) -> None:
+        try:
+            sock, stream = link.accept_link(
+                sock, self._secret, self._certificate.context if self._certificate else None
+            )
+            attach = link.receive(stream)
+            if not isinstance(attach, link.Attach):
+                raise AuthenticationError(f"it sent {type(attach).__name__} first, not Attach")
+        except Exception as exc:  # noqa: BLE001 - not a client of this run: nothing of it was read
+            log.warning("%s: refused a link connection from %s:%d: %s", self._host.spec.naming.runner, *peer[:2], exc)
+            sock.close()
+            return
+        _Peer(self._host, sock, stream, attach, f"{peer[0]}:{peer[1]}").serve()
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join()
+
+
+class _Peer:
+    """One attached client: its reads on the link's peer thread, its writes on ``hvd-link-writer``."""
+
+    def __init__(self, host: Host, sock: socket.socket, stream: FrameStream, attach: link.Attach, peer: str) -> None:
+        self._host = host
+        self._sock = sock
+        self._stream = stream
+        self._logs = attach.logs
+        self._cursor = host.ring.acked if attach.after is None else attach.after
+        self._peer = peer
+        self._gone = threading.Event()
+
+    def serve(self) -> None:
+        host = self._host
+        host.attached(+1)
+        log.info("%s: a client attached from %s", host.spec.naming.runner, self._peer)
+        writer = threading.Thread(target=self._write, name="hvd-link-writer", daemon=True)
+        writer.start()
+        try:
+            self._read()
+        finally:
+            self._gone.set()
+            with host.ring.changed:
+                host.ring.changed.notify_all()
+            writer.join()
+            self._stream.close()
+            host.attached(-1)
+            if not host.ended.is_set():
+                log.info("%s: the client at %s detached", host.spec.naming.runner, self._peer)
+
+    def _read(self) -> None:
+        self._sock.settimeout(self._host.spec.liveness.timeout_s)
+        while not self._gone.is_set() and not self._host.ended.is_set():
+            try:
+                message = link.receive(self._stream)
+            except (OSError, EOFError, ValueError):
+                return
+            if isinstance(message, link.Ack):
+                self._host.ring.ack(message.upto)
+            elif isinstance(message, link.Cancel):
+                log.warning("%s: the client at %s cancelled the run", self._host.spec.naming.runner, self._peer)
+                self._host.cancel()
+            elif isinstance(message, link.Fetched):
+                self._host.fetched.set()
+
+    def _write(self) -> None:
+        host, ring = self._host, self._host.ring
+        sent_status: link.Status | None = None
+        sent_progress: dict[str, int] = {}
+        outcome_sent = False
+        next_beat = 0.0
+        try:
+            while not self._gone.is_set() and not host.ended.is_set():
+                if self._logs:
+                    first, entries, lost = ring.since(self._cursor)
+                    if entries or lost:
+                        self._send(link.Lines(first, entries, lost))
+                        self._cursor = first + sum(entry_lines(entry) for entry in entries)
+                status = host.status()
+                if status != sent_status:
+                    self._send(status)
+                    sent_status = status
+                for what, (version, value) in list(host.progress.items()):
+                    if sent_progress.get(what) != version:
+                        self._send(link.Progress(what, value))
+                        sent_progress[what] = version
+                lines_left = self._logs and bool(ring.since(self._cursor)[1])  # (every line goes before the outcome)
+                if host.outcome is not None and not outcome_sent and not lines_left:
+                    outcome, result = host.outcome
+                    self._send(outcome)
+                    if result is not None:
+                        self._send(link.LinkResult(result))
+                    outcome_sent = True
+                if time.monotonic() >= next_beat:
+                    self._send(link.Alive())
+                    next_beat = time.monotonic() + host.spec.liveness.interval_s
+                with ring.changed:
+                    ring.changed.wait(_WRITER_WAKE_S)
+        except OSError:
+            pass  # gone: its reader sees the end too
+        finally:
+            self._gone.set()
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+    def _send(self, message: Message) -> None:
+        link.send(self._stream, message)
+
+
+def host_task(spec: HostSpec, read_job: Callable[[], bytes]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function of the run's one-task operation (``mapInArrow``): the host, in an executor."""
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        ended = Host(spec, read_job).run()
+        yield pa.RecordBatch.from_pydict({"ended": [ended]})
+
+    return task

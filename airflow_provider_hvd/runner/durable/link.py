@@ -1,0 +1,175 @@
+"""The link between a submitted run's host and the clients attached to it: its messages, and its two ends'
+connection set-up (the host accepts, a client connects).
+
+A link is one TCP connection, TLS 1.3 pinned by the fingerprint of a certificate the host made for it when the
+application has Spark encrypt its traffic (:mod:`..shared.tls`), then the mutual HMAC handshake over the link's
+own secret (:mod:`..shared.wire`), before any frame is read. Frames are those of the driver channel; the kinds
+are ``LINK_*``. Both sides send ``LINK_ALIVE`` every heartbeat interval; a side that hears nothing for the
+heartbeat timeout takes the other for gone.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..shared.messages import Message, RawMessage
+from ..shared.timing import CONNECT_TIMEOUT_S, HANDSHAKE_TIMEOUT_S
+from ..shared.tls import connect_tls
+from ..shared.wire import Body, DriverHandshake, FrameStream, Kind, connect_handshake
+
+#: the key of the run's session conf where the host publishes how to reach it
+LINK_CONF = "spark.horovodRunner.durable.link"
+
+
+@dataclass(frozen=True)
+class LinkAddress:
+    """How to reach a run's host: what it publishes in its session's conf (the secret is the link's own)."""
+
+    host: str
+    port: int
+    # the link's secret, hex: named so that the server's redaction (spark.redaction.regex, which matches "secret",
+    # "token", "password") does not hide the value from the session's own clients (a Connect server answers None)
+    hmac: str
+    fingerprint: str | None  # the link's TLS certificate (SHA-256, hex), or None: not TLS
+    hostname: str = ""
+    pid: int = 0
+    interval_s: float = 2.0  # the host's heartbeats (its run's liveness settings)
+    timeout_s: float = 10.0
+
+    def to_conf(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+    @classmethod
+    def from_conf(cls, value: str) -> LinkAddress:
+        return cls(**json.loads(value))
+
+
+@dataclass(frozen=True)
+class Attach(Message):
+    """A client attaches: ``logs`` whether it relays the run's lines; they resume after line ``after`` (None:
+    after the last line any client acknowledged)."""
+
+    KIND: ClassVar[Kind] = Kind.LINK_ATTACH
+    logs: bool = True
+    after: int | None = None
+
+
+@dataclass(frozen=True)
+class Lines(Message):
+    """Log entries from line ``first`` on (a rank entry ``["rank", rank, [lines]]`` counts its lines, a runner
+    entry ``["log", logger, level, message]`` one); ``lost`` lines before them were no longer kept."""
+
+    KIND: ClassVar[Kind] = Kind.LINK_LINES
+    first: int
+    entries: list[list[Any]] = field(default_factory=list)
+    lost: int = 0
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    KIND: ClassVar[Kind] = Kind.LINK_ACK
+    upto: int  # the client relayed every line before this one
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    KIND: ClassVar[Kind] = Kind.LINK_STATUS
+    phase: str
+    ranks_started: int
+    size: int
+    cause: str | None = None
+
+
+@dataclass(frozen=True)
+class Progress(Message):
+    KIND: ClassVar[Kind] = Kind.LINK_PROGRESS
+    what: str  # "metrics" or "checkpoint": the ProgressSink method
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome(Message):
+    """How the run ended: ``error`` (the raised error's parts, :mod:`.outcome_parts`) or rank 0's value in the
+    ``LINK_RESULT`` frame that follows; the run's metrics history and last checkpoint."""
+
+    KIND: ClassVar[Kind] = Kind.LINK_OUTCOME
+    error: dict[str, Any] | None
+    metrics: dict[str, list[list[float | None]]] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class LinkResult(RawMessage):
+    KIND: ClassVar[Kind] = Kind.LINK_RESULT
+
+
+@dataclass(frozen=True)
+class Cancel(Message):
+    KIND: ClassVar[Kind] = Kind.LINK_CANCEL
+
+
+@dataclass(frozen=True)
+class Fetched(Message):
+    KIND: ClassVar[Kind] = Kind.LINK_FETCHED
+
+
+@dataclass(frozen=True)
+class Alive(Message):
+    KIND: ClassVar[Kind] = Kind.LINK_ALIVE
+
+
+_BY_KIND: dict[Kind, type[Message]] = {
+    cls.KIND: cls for cls in (Attach, Lines, Ack, Status, Progress, Outcome, LinkResult, Cancel, Fetched, Alive)
+}
+
+
+def send(stream: FrameStream, message: Message) -> None:
+    stream.send(message.KIND, message.encode())
+
+
+def receive(stream: FrameStream) -> Message:
+    """The next link message; ``ValueError`` for a frame kind the link does not carry."""
+    kind, body = stream.recv()
+    if kind not in _BY_KIND:
+        raise ValueError(f"the link does not carry {kind.name} frames")
+    return _BY_KIND[kind].decode(body)
+
+
+def decode(kind: Kind, body: Body) -> Message:
+    return _BY_KIND[kind].decode(body)
+
+
+def accept_link(sock: socket.socket, secret: bytes, tls: ssl.SSLContext | None) -> tuple[socket.socket, FrameStream]:
+    """The host's end of a new connection: TLS (with the link's certificate) when ``tls``, then the peer must
+    prove ``secret``; ``AuthenticationError``/``OSError``/``ssl.SSLError`` otherwise, before any frame is read.
+    Returns the socket to use from then on (over TLS, the wrapped one: ``sock`` is detached) and its frames."""
+    sock.settimeout(HANDSHAKE_TIMEOUT_S)
+    if tls is not None:
+        sock = tls.wrap_socket(sock, server_side=True)
+    stream = FrameStream.over_socket(sock)
+    handshake = DriverHandshake(secret)
+    stream.write_bytes(handshake.nonce)
+    stream.write_bytes(handshake.verify(stream.read_bytes(DriverHandshake.ANSWER_BYTES)))
+    return sock, stream
+
+
+def connect_link(address: LinkAddress, timeout: float = CONNECT_TIMEOUT_S) -> tuple[socket.socket, FrameStream]:
+    """A client's end: connect to the host, check its certificate against the published fingerprint, prove the
+    link's secret and have the host prove it back."""
+    sock = socket.create_connection((address.host, address.port), timeout=timeout)
+    try:
+        secret = bytes.fromhex(address.hmac)
+        if address.fingerprint is None:
+            stream = FrameStream.over_socket(sock)
+            connect_handshake(sock, secret)
+        else:
+            stream = connect_tls(sock, address.fingerprint)
+            connect_handshake(sock, secret, over=stream)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, stream

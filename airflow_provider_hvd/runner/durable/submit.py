@@ -1,0 +1,140 @@
+"""The client's ``submit()`` over Spark Connect: a Connect session for the run (same server, token and user as
+the client's, a fresh session id), its one-task operation that is the run's host (:mod:`.host`), not
+reattachable, so that it outlives this process, and the wait (bounded) until the host says where it listens.
+
+The operation runs in ``hvd-durable-operation``: its ``collect()`` returns (or fails, once the host released
+the run's session) when the run is over; the run's outcome comes over the link, never from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import LaunchError, RunCancelledError
+from ..shared.timing import HOST_START_TIMEOUT_S
+from .host import SCHEMA, HostSpec, host_task, open_session, release
+from .link import LINK_CONF, LinkAddress
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession
+
+    from ..jobs import Job
+    from ..settings import ProgressSink
+
+log = logging.getLogger("airflow_provider_hvd.runner")
+
+_LINK_POLL_S = 0.25
+HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
+
+
+def connection_string(spark: SparkSession) -> tuple[str, str, str]:
+    """``sc://host:port/;params`` of the client's session (without its session id), the URL without token for
+    the run's id, and the user id."""
+    from ..driver.launch.spark.connect_client import connection_params, endpoint
+
+    params = connection_params(spark)
+    url = f"sc://{endpoint(spark)}"
+    connection = url + "/;" + ";".join(f"{key}={value}" for key, value in params.items())
+    public = {key: params[key] for key in ("use_ssl",) if key in params}
+    if "token" in params:
+        public["use_ssl"] = "true"  # (pyspark's token implies TLS)
+    shown = url + ("/;" + ";".join(f"{key}={value}" for key, value in public.items()) if public else "")
+    return connection, shown, params["user_id"]
+
+
+class _Operation:
+    """The run's operation, in a thread: its error when it failed."""
+
+    def __init__(self, session: SparkSession, spec: HostSpec, payload: bytes) -> None:
+        from ..driver.launch.spark.connect import ShippedJob
+
+        self.error: BaseException | None = None
+        self._frame = session.range(1, numPartitions=1).mapInArrow(host_task(spec, ShippedJob(payload)), SCHEMA)
+        self._session = session
+        self._tag = spec.tag
+        self.thread = threading.Thread(target=self._run, name="hvd-durable-operation", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self._session.addTag(self._tag)  # (this thread's operations only)
+        try:
+            self._frame.collect()
+        except BaseException as exc:  # noqa: BLE001 - read by submit(); after the link, the outcome says it all
+            self.error = exc
+
+
+def check_host_slot(app: object, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
+    """The slot check of a submitted run: its ranks' tasks and its host's."""
+    try:
+        app.check_slots(tasks + HOST_SLOTS, timeout, cancelled)  # type: ignore[attr-defined]
+    except LaunchError as exc:
+        raise LaunchError(
+            f"{exc} A submitted run needs {HOST_SLOTS} task slot more than its ranks, for its host (where its "
+            "supervisor runs) for the whole run: see docs/durable-runs.md."
+        ) from None
+
+
+def submit_run(
+    spark: SparkSession,
+    spec: HostSpec,
+    payload: bytes,
+    progress_sink: ProgressSink | None,
+    cancelled: Callable[[], bool],
+) -> Job:
+    """Start the run's host on the server of ``spark`` and return the run's handle, attached."""
+    from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
+    from ..driver.launch.spark.connect_client import interrupt_tag
+    from ..jobs import Job, JobId
+
+    runner = spec.naming.runner
+    app = ConnectApp(spark, "", spec.naming)
+    limit, bound_by = job_limit(app.conf)
+    if len(payload) > limit:
+        raise job_too_large(len(payload), limit, bound_by, app.url)
+    check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
+    connection, shown, user_id = connection_string(spark)
+    session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"
+    run_session = open_session(connection, session_id)
+    run_session.client.disable_reattachable_execute()  # an operation that outlives this process (FACTS)
+    spec = dataclasses.replace(spec, connection=connection, run_session=session_id, tag=tag)
+    ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
+    operation = _Operation(run_session, spec, payload)
+    del payload
+    deadline = time.monotonic() + HOST_START_TIMEOUT_S
+    try:
+        while True:
+            value = run_session.conf.get(LINK_CONF, None)
+            if value:
+                address = LinkAddress.from_conf(str(value))
+                break
+            if operation.error is not None or not operation.thread.is_alive():
+                from ..driver.launch.spark.cluster import summary
+
+                raise LaunchError(
+                    f"{runner}: the run's host could not start on {app.where()}: "
+                    f"{summary(operation.error or 'its operation ended', first_line=True)}"
+                )
+            if cancelled():
+                raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"{runner}: the run's host did not start within {HOST_START_TIMEOUT_S:g}s on {app.where()}: "
+                    "its one task waits for a free task slot, or its executor cannot start Python."
+                )
+            time.sleep(_LINK_POLL_S)
+        log.info("%s: submitted; its host runs at %s:%d (%s)", runner, address.host, address.port, ident.describe())
+        job = Job(ident, run_session, address, progress_sink)
+        job._connect()
+    except BaseException:
+        try:
+            interrupt_tag(run_session, tag, CANCEL_CALL_S)
+        finally:
+            release(run_session)
+        raise
+    return job
