@@ -46,17 +46,16 @@ def connect_figures(methods: list[Method]) -> dict[str, Any]:
     }
 
 
-def format_report(figures: dict[str, Any]) -> str:
+def format_report(figures: dict[str, Any], num: str = "connect", den: str = "classic", width: int = 8) -> str:
+    """A line per figure, then ``num``'s median over ``den``'s where every figure has one."""
     lines = [
-        f"{name:<8} median {info['median_s']:.2f}s  min {info['min_s']:.2f}s  ({info['label']})"
+        f"{name:<{width}} median {info['median_s']:.2f}s  min {info['min_s']:.2f}s  ({info['label']})"
         if "median_s" in info
-        else f"{name:<8} n/a: {info['error']}"
+        else f"{name:<{width}} n/a: {info['error']}"
         for name, info in figures.items()
     ]
     if all("median_s" in info for info in figures.values()):
-        lines.append(
-            f"connect / classic (median): {figures['connect']['median_s'] / figures['classic']['median_s']:.2f}"
-        )
+        lines.append(f"{num} / {den} (median): {figures[num]['median_s'] / figures[den]['median_s']:.2f}")
     return "\n".join(lines)
 
 

@@ -54,7 +54,7 @@ WORKER_GROUPS = {
     "deployment": ["test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"],
     "servers": [
         *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
-        *("test_slot_wait", "test_standalone_cluster"),
+        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs"),
     ],
     **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
     **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},
@@ -168,6 +168,18 @@ def connect_local(tmp_path_factory):
     }
     server = ConnectServer(tmp_path_factory.mktemp("spark-connect-local"), "local[2]", **settings).start().warm()
     yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_durable(tmp_path_factory):
+    """The ``ConnectServer`` of a Spark Connect server on ``local[3]`` for a module of submitted runs: np=2 and the
+    run's host (one more task slot). Its application encrypts its traffic (the run's link and channel are TLS)."""
+    from connect_server import ConnectServer
+
+    settings = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true"}
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-durable"), "local[3]", **settings).start().warm()
+    yield server
     server.stop()
 
 

@@ -141,3 +141,21 @@ def allreduce_until_failure(bad_rank: int, fail_at: int = 5) -> None:
         if hvd.rank() == bad_rank and step == fail_at:
             raise ValueError(f"boom from rank {bad_rank} at step {step}")
         hvd.allreduce(grad, name="grad")
+
+
+def train_until_gate(pid_dir: str, gate: str, limit: float = 300.0) -> dict:
+    """Each rank appends its pid (a second start of a rank would add a line), then "trains" (a line a step)
+    until the file ``gate`` exists; rank 0 returns its pid and its steps."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    with open(Path(pid_dir, f"rank-{hvd.rank()}.pids"), "a") as out:
+        out.write(f"{os.getpid()}\n")
+    _record_pid(pid_dir, hvd.rank())
+    step, deadline = 0, time.monotonic() + limit
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        print(f"rank {hvd.rank()} step {step}", flush=True)
+        step += 1
+        time.sleep(0.5)
+    print(f"rank {hvd.rank()} passed the gate at step {step}", flush=True)
+    return {"rank": hvd.rank(), "pid": os.getpid(), "steps": step}

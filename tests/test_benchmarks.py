@@ -189,7 +189,7 @@ def test_result_memory_report(bench):
     ]
 
 
-@pytest.mark.parametrize("name", ["launch", "torch_launch", "connect_launch", "scale", "payload"])
+@pytest.mark.parametrize("name", ["launch", "torch_launch", "connect_launch", "durable_launch", "scale", "payload"])
 def test_no_rounds_is_refused_before_anything_starts(bench, name, capsys):
     with pytest.raises(SystemExit) as exited:
         getattr(bench, name).main(["--repeats", "0"])
@@ -202,3 +202,15 @@ def test_figures_are_written_as_json_where_asked(bench, tmp_path):
     bench.rounds.write_json(None, {"not": "written"})
     assert (tmp_path / "figures.json").read_text() == '{\n  "ratios": {\n    "hr_spark/floor": 1.1\n  }\n}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["figures.json"]
+
+
+def test_durable_launch_report(bench):
+    methods = launches(bench, run=[5.0, 4.0, 6.0], **{"submit+wait": [7.5, 7.0, 8.0]})
+    figures = bench.connect_launch.connect_figures(methods)
+    figures["attach"] = {"label": "label of attach", "median_s": 3.0, "min_s": 2.5, "runs": [3.0, 2.5, 3.5]}
+    assert bench.durable_launch.format_report(figures).splitlines() == [
+        "run          median 5.00s  min 4.00s  (label of run)",
+        "submit+wait  median 7.50s  min 7.00s  (label of submit+wait)",
+        "attach       median 3.00s  min 2.50s  (label of attach)",
+        "submit+wait / run (median): 1.50",
+    ]

@@ -1,0 +1,53 @@
+"""A process that submits, attaches to or cancels a submitted run (tests/test_durable_runs.py starts it):
+
+``submit URL PID_DIR GATE [DETACHED_TIMEOUT]``: submits ``jobs.train_until_gate`` on 2 ranks and prints
+``JOB_ID <id>``, then waits (the test kills it). ``attach JOB_ID``: attaches, relays the run's lines to stdout
+and prints ``VALUE <json>`` or ``ERROR <type> <first line>``. ``cancel JOB_ID``: attaches without lines and
+cancels, printing ``CANCELLED``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from connect_server import connect_session
+from jobs import train_until_gate
+
+from airflow_provider_hvd import HorovodRunner, attach
+
+
+def say(word: str, text: str = "") -> None:
+    """One line for the test, through logging's lock: the link's thread logs the ranks' lines meanwhile."""
+    logging.getLogger("durable_client").info("%s %s", word, text)
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s %(message)s")
+    command = argv[0]
+    if command == "submit":
+        url, pid_dir, gate = argv[1:4]
+        timeout = float(argv[4]) if len(argv) > 4 else 900.0
+        with connect_session(url):
+            job = HorovodRunner(np=2, driver_log_verbosity="all", detached_timeout=timeout).submit(
+                train_until_gate, pid_dir=pid_dir, gate=gate
+            )
+            say("JOB_ID", job.id)
+            time.sleep(600)
+    elif command == "attach":
+        job = attach(argv[1])
+        try:
+            say("VALUE", json.dumps(job.wait(300)))
+        except Exception as exc:  # noqa: BLE001 - the test reads which
+            say("ERROR", f"{type(exc).__name__} {str(exc).splitlines()[0]}")
+    elif command == "cancel":
+        job = attach(argv[1], logs=False)
+        job.cancel()
+        say("CANCELLED")
+        job.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,234 @@
+"""Runs that outlive the submitting process (``submit()``, ``attach()``) on a real Spark Connect server on
+local[3] (2 ranks and the run's host), whose application encrypts its traffic: the link and the channel are TLS.
+The submitting, attaching and cancelling clients are real processes (tests/durable_client.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from connect_server import connect_session
+from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, train_until_gate, wait_for_pids
+
+from airflow_provider_hvd import (
+    HorovodRunner,
+    JobNotFoundError,
+    LaunchError,
+    RankFailedError,
+    RunCancelledError,
+    TorchDistributor,
+    attach,
+)
+
+TESTS = Path(__file__).resolve().parent
+CLIENT = TESTS / "durable_client.py"
+
+
+class Client:
+    """A client process, its output read line by line as it comes."""
+
+    def __init__(self, *args: object) -> None:
+        path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CLIENT), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, text: str, timeout: float = 180.0) -> str:
+        """The first line (from now on) that holds ``text``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} from {self.proc.args}; its output:\n" + "\n".join(self.lines))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def gate(tmp_path):
+    """The file that ends ``jobs.train_until_gate``; made at the end, so that a run a failure left ends too."""
+    path = tmp_path / "gate"
+    yield path
+    path.touch()
+
+
+def rank_steps(lines: list[str]) -> list[str]:
+    """The training lines relayed, in the order they were: ``rank 0 step 3``."""
+    return [line.split("] ", 1)[1] for line in lines if re.search(r"\[rank \d\] rank \d step \d+$", line)]
+
+
+def repeated_tail(before: list[str], after: list[str]) -> int:
+    """How many of the lines ``after`` begins with are the last ones of ``before`` (relayed again)."""
+    return max(k for k in range(len(after) + 1) if k <= len(before) and before[len(before) - k :] == after[:k])
+
+
+def steps_per_rank(lines: list[str]) -> dict[int, list[int]]:
+    steps: dict[int, list[int]] = {}
+    for line in lines:
+        _, rank, _, step = line.split()
+        steps.setdefault(int(rank), []).append(int(step))
+    return steps
+
+
+def test_a_run_outlives_its_killed_submitter_and_a_new_process_attaches(connect_durable, tmp_path, gate):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    submitter = Client("submit", connect_durable.url, pid_dir, gate)
+    attacher = None
+    try:
+        job_id = submitter.wait_for("JOB_ID ").split("JOB_ID ", 1)[1]
+        assert "token" not in job_id and json.loads(job_id)["session_id"]
+        pids = wait_for_pids(str(pid_dir), 2, timeout=180)
+        submitter.wait_for("[rank 1] rank 1 step 2")  # training, its lines relayed to the submitter
+        os.kill(submitter.proc.pid, signal.SIGKILL)
+        submitter.stop()
+        before = rank_steps(submitter.lines)
+
+        attacher = Client("attach", job_id)
+        attacher.wait_for("[rank 0] rank 0 step")  # the run trains on: later lines reach the new process
+        assert all(alive(pid) for pid in pids), "a rank did not outlive the submitting process"
+        gate.touch()
+        value = json.loads(attacher.wait_for("VALUE ").split("VALUE ", 1)[1])
+        assert value["rank"] == 0 and value["pid"] in pids
+        assert any("rank 1 passed the gate" in line for line in attacher.lines)
+        after = rank_steps(attacher.lines)
+        # no line lost; none repeated but the last ones the killed process relayed and could not acknowledge
+        again = repeated_tail(before, after)
+        assert again <= 6 and not set(before) & set(after[again:]), (before, after)
+        for rank, steps in steps_per_rank(before + after[again:]).items():
+            assert steps == list(range(len(steps))), f"rank {rank}'s lines lost or out of order: {steps}"
+        for rank in (0, 1):  # the same rank processes from start to end: no second start
+            assert (pid_dir / f"rank-{rank}.pids").read_text().split() == [(pid_dir / f"rank-{rank}.pid").read_text()]
+        assert_all_gone(pids, within=30)
+        with pytest.raises(JobNotFoundError, match=r"has ended: its Spark Connect session was closed"):
+            attach(job_id)  # nothing of the run is left on the server
+    finally:
+        submitter.stop()
+        if attacher is not None:
+            attacher.stop()
+
+
+def test_cancel_from_a_third_process_ends_every_rank_within_10s(connect_durable, tmp_path, gate):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2).submit(train_until_gate, pid_dir=str(pid_dir), gate=str(gate))
+        pids = wait_for_pids(str(pid_dir), 2, timeout=180)
+        assert job.status().phase in ("starting", "running") and not job.done()
+        canceller = Client("cancel", job.id)
+        try:
+            canceller.wait_for("CANCELLED", timeout=120)
+            assert_all_gone(pids, within=10)
+        finally:
+            canceller.stop()
+        with pytest.raises(RunCancelledError):
+            job.wait(60)
+        assert job.status().ended
+
+
+def test_with_nobody_attached_the_lease_ends_the_run(connect_durable, tmp_path, gate):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2, detached_timeout=5).submit(train_until_gate, pid_dir=str(pid_dir), gate=str(gate))
+        pids = wait_for_pids(str(pid_dir), 2, timeout=180)
+        job.close()  # detached: nobody is
+        assert_all_gone(pids, within=5 + 30)
+    try:  # the next attach says that it ended, and why
+        with attach(job.id) as late:  # (the host still kept the outcome)
+            with pytest.raises(RunCancelledError, match=r"ended itself: nobody was attached to it for 5s"):
+                late.wait(60)
+    except JobNotFoundError as exc:  # (the host had released its session already)
+        assert "has ended" in str(exc) and "detached_timeout of 5s" in str(exc)
+    deadline = time.monotonic() + 30
+    while True:  # nothing of the run is left on the server
+        try:
+            attach(job.id).close()
+        except JobNotFoundError as exc:
+            assert "has ended: its Spark Connect session was closed" in str(exc)
+            break
+        assert time.monotonic() < deadline, "the run's session outlived its lease"
+
+
+def test_a_rank_that_failed_while_nobody_was_attached_is_named_on_attach(connect_durable, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2, detached_timeout=300).submit(fail_on_rank, bad_rank=1, pid_dir=str(pid_dir))
+        job_id = job.id
+        job.close()
+    pids = wait_for_pids(str(pid_dir), 2, timeout=180)
+    assert_all_gone(pids, within=60)  # the run ended with nobody attached
+    job = attach(job_id)
+    with pytest.raises(RankFailedError) as caught:
+        job.wait(60)
+    assert caught.value.rank == 1
+    assert str(caught.value).splitlines()[0] == "Horovod rank 1 of 2 failed: ValueError: boom from rank 1"
+    assert "boom from rank 1" in (caught.value.remote_traceback or "")
+    assert job.status().cause == "Horovod rank 1 of 2 failed: ValueError: boom from rank 1"
+
+
+def test_submit_and_wait_return_what_run_returns(connect_durable):
+    with connect_session(connect_durable.url):
+        with HorovodRunner(np=2).submit(allreduce_sum, base=1.0) as job:
+            assert job.wait(180) == {"rank": 0, "size": 2, "local_size": 2, "sum": 5.0}
+            assert job.done() and job.status().ended
+
+
+def test_refusals_are_one_sentence(connect_durable):
+    with pytest.raises(LaunchError, match=r"a local run lives in this process and cannot outlive it; use run\(\)"):
+        HorovodRunner(np=-2).submit(allreduce_sum)
+    with pytest.raises(LaunchError, match=r"local_mode=True\)\.submit\(\): a local run lives in this process"):
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).submit(allreduce_sum)
+    with pytest.raises(ValueError, match="is not a run's id: give job.id as submit"):
+        attach("not an id")
+    with pytest.raises(ValueError, match="detached_timeout must be a positive number of seconds"):
+        HorovodRunner(np=2, detached_timeout=0)
+    unknown = {
+        "server": connect_durable.url,
+        "session_id": str(uuid.uuid4()),
+        "user_id": "",
+        "tag": "horovod-runner-0",
+        "runner": "HorovodRunner",
+        "detached_timeout": 900.0,
+    }
+    with pytest.raises(JobNotFoundError, match=r"There is no run with the id .* holds no run"):
+        attach(unknown)
+
+
+def test_submit_on_classic_spark_says_what_to_use(spark_local):
+    with pytest.raises(LaunchError, match=r"submit\(\) needs a Spark Connect session .* use run\(\) here"):
+        HorovodRunner(np=2).submit(allreduce_sum)
