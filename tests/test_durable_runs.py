@@ -48,6 +48,7 @@ class Client:
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
+        self._drained = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -65,6 +66,7 @@ class Client:
             except queue.Empty:
                 break
             if line is None:
+                self._drained = True
                 break
             self.lines.append(line)
             if text in line:
@@ -72,9 +74,18 @@ class Client:
         raise AssertionError(f"no line with {text!r} from {self.proc.args}; its output:\n" + "\n".join(self.lines))
 
     def stop(self) -> None:
+        """End the process (if it runs) and keep every line it wrote, also those not waited for yet."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(30)
+        while not self._drained:  # what the reader has read by now, and what it reads within a moment
+            try:
+                line = self._queue.get(timeout=2)
+            except queue.Empty:
+                return
+            self._drained = line is None
+            if line is not None:
+                self.lines.append(line)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from airflow_provider_hvd.runner.driver.launch.address import (
     CONNECT_HOST_CONF,
     connect_driver_address,
 )
+from airflow_provider_hvd.runner.driver.launch.spark import encryption
 from airflow_provider_hvd.runner.driver.launch.spark.capacity import jvm_mebibytes
 from airflow_provider_hvd.runner.driver.launch.spark.cluster import active_session, is_connect
 from airflow_provider_hvd.runner.driver.launch.spark.connect import MESSAGE_SIZE_CONF, job_limit, message_limit
@@ -83,8 +84,9 @@ def our_processes() -> list[psutil.Process]:
     return found
 
 
-def test_horovod_runner_returns_rank_0s_allreduce_over_a_tls_channel(connect_spark, runner_log):
+def test_horovod_runner_returns_rank_0s_allreduce_over_a_tls_channel(connect_spark, runner_log, monkeypatch):
     assert is_connect(connect_spark) and active_session() is connect_spark
+    monkeypatch.setattr(encryption, "_warned", set())  # once per process: an earlier module's run may have said it
     result = HorovodRunner(np=2).run(allreduce_sum)
     assert result == {"rank": 0, "size": 2, "local_size": 2, "sum": 3.0}
     said = messages(runner_log)
