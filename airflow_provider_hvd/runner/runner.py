@@ -23,7 +23,7 @@ from .driver.watch.channel import rank_log
 from .errors import LaunchError, RunCancelledError
 from .mlflow_settings import import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
-from .shared.liveness import liveness_settings, warn_if_gloo_first
+from .shared.liveness import Liveness, liveness_settings, warn_if_gloo_first
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
 
@@ -161,24 +161,13 @@ class _Runner:
     ) -> Any:
         """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value. With
         ``dataframe``, each rank gets its shard of its rows (``dataframe_shard()``)."""
-        run = _Run(dataframe=dataframe)
         self.mlflow_run_id = self.mlflow_run_url = None
-        self._runs.append(run)  # first: a cancel() while the job is pickled ends the run before it starts
-        first, self._started_a_run = not self._started_a_run, True
-        if first and self._cancel_first_run:  # (read after the append: cancel() sees the run, or this its flag)
-            run.cancelled = True
-        try:
+        with self._tracked_run(dataframe) as run:
             runner = self.naming.runner
-            payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes, runner=runner)
-            if run.cancelled:
-                raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
+            payload = self._payload(run, main, args, kwargs)
             kind = self._rank_kind()
             launcher, conf, channel_tls = self._launcher(run)
-            if channel_tls:
-                warn_if_spark_encrypted(conf, runner, kind.unencrypted)
-            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s, runner)
-            if kind.name == "Horovod":  # (Horovod's Gloo timeout; torch's own default is 30 minutes)
-                warn_if_gloo_first(liveness, os.environ)
+            liveness = self._liveness(kind, conf, channel_tls)
             settings = self.settings
             progress = RunProgress(
                 self.metrics_rank, settings.progress_sink, self.progress_interval_s, settings.resume_from, runner
@@ -214,8 +203,37 @@ class _Runner:
                         self.checkpoint = (
                             None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
                         )
+
+    @contextlib.contextmanager
+    def _tracked_run(self, dataframe: DataFrame | None = None) -> Iterator[_Run]:
+        """The run, in ``_runs`` while it starts or runs (cancel() ends what is there), cancelled already when
+        this is the first run and a cancel() came before it."""
+        run = _Run(dataframe=dataframe)
+        self._runs.append(run)  # first: a cancel() while the job is pickled ends the run before it starts
+        first, self._started_a_run = not self._started_a_run, True
+        if first and self._cancel_first_run:  # (read after the append: cancel() sees the run, or this its flag)
+            run.cancelled = True
+        try:
+            yield run
         finally:
             self._runs.remove(run)
+
+    def _payload(self, run: _Run, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> bytes:
+        """The pickled job; RunCancelledError when the run was cancelled meanwhile."""
+        payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes, runner=self.naming.runner)
+        if run.cancelled:
+            raise RunCancelledError(f"{self.naming.runner}: the run was cancelled before its ranks started")
+        return payload
+
+    def _liveness(self, kind: RankKind, conf: Callable[[str], str | None], channel_tls: bool) -> Liveness:
+        """The run's heartbeat settings, after the warnings its Spark conf calls for."""
+        runner = self.naming.runner
+        if channel_tls:
+            warn_if_spark_encrypted(conf, runner, kind.unencrypted)
+        liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s, runner)
+        if kind.name == "Horovod":  # (Horovod's Gloo timeout; torch's own default is 30 minutes)
+            warn_if_gloo_first(liveness, os.environ)
+        return liveness
 
     def _spark_launch(self) -> tuple[SparkSession, int, bool]:
         """The session a Spark run uses, its ranks per task and whether they get GPUs; LaunchError for a local
@@ -240,18 +258,12 @@ class _Runner:
             raise LaunchError(
                 f"{runner}.submit() does not make MLflow runs yet (mlflow=): use run(), or log to MLflow from rank 0."
             )
-        run = _Run()
-        self._runs.append(run)
-        try:
-            payload = dumps_job(main, args, kwargs, warn_bytes=self.payload_warning_bytes, runner=runner)
+        with self._tracked_run() as run:
+            payload = self._payload(run, main, args, kwargs)
             kind = self._rank_kind()
             conf = session_conf(spark)
             channel_tls = spark_encrypts(conf) is not None
-            if channel_tls:
-                warn_if_spark_encrypted(conf, runner, kind.unencrypted)
-            liveness = liveness_settings(conf, self.heartbeat_interval_s, self.heartbeat_timeout_s, runner)
-            if kind.name == "Horovod":
-                warn_if_gloo_first(liveness, os.environ)
+            liveness = self._liveness(kind, conf, channel_tls)
             settings = self.settings
             spec = HostSpec(
                 self.naming,
@@ -273,8 +285,6 @@ class _Runner:
                 CodeFiles(main, args, kwargs),
             )
             return submit_run(spark, spec, payload, settings.progress_sink, lambda: run.cancelled)  # type: ignore[arg-type]
-        finally:
-            self._runs.remove(run)
 
     def _size(self, per_task: int) -> int:
         raise NotImplementedError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -43,6 +43,14 @@ def _read_script(path: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"train_object {path!r} is not a readable Python file: {exc}") from exc
+
+
+def _script_args(train_object: str | os.PathLike[str], args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``run_script``'s arguments for a Python file: its absolute path, its content, ``str()`` of each arg."""
+    if kwargs:
+        raise ValueError("Running pytorch file does not support key-word type arguments.")
+    path = os.fspath(train_object)
+    return (os.path.abspath(path), _read_script(path), [str(arg) for arg in args])
 
 
 class TorchDistributor(_Runner):
@@ -136,10 +144,7 @@ class TorchDistributor(_Runner):
         the others.
         """
         if isinstance(train_object, str | os.PathLike):
-            if kwargs:
-                raise ValueError("Running pytorch file does not support key-word type arguments.")
-            path = os.fspath(train_object)
-            self._run_job(run_script, (os.path.abspath(path), _read_script(path), [str(arg) for arg in args]), {})
+            self._run_job(run_script, _script_args(train_object, args, kwargs), {})
             return None
         check_fits(train_object, args, kwargs)
         return self._run_job(train_object, args, kwargs)
@@ -168,10 +173,7 @@ class TorchDistributor(_Runner):
         """Start what :meth:`run` runs over Spark Connect, supervised inside the cluster, and return its handle at
         once (``job.wait()`` returns what :meth:`run` would); see ``HorovodRunner.submit``."""
         if isinstance(train_object, str | os.PathLike):
-            if kwargs:
-                raise ValueError("Running pytorch file does not support key-word type arguments.")
-            path = os.fspath(train_object)
-            return self._submit_job(run_script, (os.path.abspath(path), _read_script(path), [str(a) for a in args]), {})
+            return self._submit_job(run_script, _script_args(train_object, args, kwargs), {})
         check_fits(train_object, args, kwargs)
         return self._submit_job(train_object, args, kwargs)
 
