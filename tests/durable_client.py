@@ -3,7 +3,7 @@
 ``submit URL PID_DIR GATE [DETACHED_TIMEOUT]``: submits ``jobs.train_until_gate`` on 2 ranks and prints
 ``JOB_ID <id>``, then waits (the test kills it). ``attach JOB_ID``: attaches, relays the run's lines to stdout
 and prints ``VALUE <json>`` or ``ERROR <type> <first line>``. ``cancel JOB_ID``: attaches without lines and
-cancels, printing ``CANCELLED``.
+cancels, printing ``CANCELLING`` as it sends the cancel and ``CANCELLED`` once it returned.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def main(argv: list[str]) -> None:
             say("ERROR", f"{type(exc).__name__} {str(exc).splitlines()[0]}")
     elif command == "cancel":
         job = attach(argv[1], logs=False)
+        say("CANCELLING")
         job.cancel()
         say("CANCELLED")
         job.close()

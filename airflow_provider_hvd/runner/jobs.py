@@ -119,16 +119,20 @@ class Job:
         """Rank 0's return value, once the run ended; or the error ``run()`` would raise (RankFailedError naming
         the rank, RunCancelledError, RunStalledError, LaunchError). ``TimeoutError`` after ``timeout`` seconds
         with the run still going on (it goes on)."""
+        from .runner import _rank_logs_visible
+
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._finished:
-            client = self._require_client()
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not client.ended.wait(left):
-                raise TimeoutError(f"{self._ident.describe()} is still running after {timeout:g}s")
-            if client.outcome is None:
-                self._reattach(client)
-                continue
-            self._finish(client)
+        with _rank_logs_visible():
+            while not self._finished:
+                client = self._require_client()
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not client.ended.wait(left):
+                    raise TimeoutError(f"{self._ident.describe()} is still running after {timeout:g}s")
+                if client.outcome is None:
+                    left = HOST_START_TIMEOUT_S if deadline is None else max(0.0, deadline - time.monotonic())
+                    self._reattach(client, min(HOST_START_TIMEOUT_S, left))
+                    continue
+                self._finish(client)
         return self._value
 
     def _finish(self, client: LinkClient) -> None:
@@ -146,10 +150,10 @@ class Job:
         self._value = unpickle(client.result)
         self._finished = True
 
-    def _reattach(self, lost: LinkClient) -> None:
+    def _reattach(self, lost: LinkClient, timeout: float) -> None:
         """The link ended before the outcome: attach again where the host is (it may be gone, with the run)."""
         try:
-            self._address = find_link(self._session, self._ident, HOST_START_TIMEOUT_S)
+            self._address = find_link(self._session, self._ident, timeout)
             self._connect(after=lost.next_line)
         except JobNotFoundError as exc:
             raise HorovodRunnerError(f"{self._ident.describe()}: {lost.lost}; {exc}") from None
@@ -188,19 +192,20 @@ class Job:
             while time.monotonic() < deadline and not client.ended.wait(_FIND_POLL_S):
                 if client.status is not None and client.status.phase in ("ending", "ended"):
                     return
-        except OSError:  # no link: the run's operation is interrupted (its host's end ends the ranks)
+        except OSError:  # no link: the run's operation is interrupted, and its ranks' session released
             from .driver.launch.spark.connect_client import interrupt_tag
+            from .durable.link import RANKS_CONF
 
+            ranks_id = self._session.conf.get(RANKS_CONF, None)
             interrupt_tag(self._session, self._ident.tag, _CANCEL_CALL_S)
+            if ranks_id:
+                _release_ranks(self._session, str(ranks_id))
 
     def close(self) -> None:
         """Detach from the run (it goes on)."""
         if self._client is not None:
             self._client.close()
-        try:
-            self._session.client.close()  # (the channel only: the session is the run's)
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
+        _close_channel(self._session)
 
     def __enter__(self) -> Job:
         return self
@@ -213,6 +218,29 @@ class Job:
             self._connect()
         assert self._client is not None
         return self._client
+
+
+def _close_channel(session: SparkSession) -> None:
+    """Close this process's channel to the session (the session stays: it is the run's)."""
+    try:
+        session.client.close()
+    except Exception:  # noqa: BLE001 - closing is best effort (the session may be released already)
+        pass
+
+
+def _session_gone(error: BaseException) -> bool:
+    return "SESSION_CLOSED" in str(error) or "SESSION_NOT_FOUND" in str(error)
+
+
+def _release_ranks(session: SparkSession, ranks_id: str) -> None:
+    """Release the ranks' own session (its barrier job ends with it), with this session's connection."""
+    from .durable.host import open_session, release
+    from .durable.submit import connection_string
+
+    try:
+        release(open_session(connection_string(session)[0], ranks_id))
+    except Exception:  # noqa: BLE001 - released already (the host's end releases it too)
+        pass
 
 
 def _ended(ident: JobId, why: str) -> JobNotFoundError:
@@ -231,7 +259,7 @@ def _unreachable(session: SparkSession, ident: JobId, address: LinkAddress, exc:
         try:
             session.conf.get("spark.app.id", None)
         except Exception as error:  # noqa: BLE001 - the session's end is what is looked for
-            if "SESSION_CLOSED" in str(error) or "SESSION_NOT_FOUND" in str(error):
+            if _session_gone(error):
                 return _ended(ident, "its Spark Connect session was closed")
             break
         time.sleep(_FIND_POLL_S)
@@ -245,7 +273,7 @@ def find_link(session: SparkSession, ident: JobId, timeout: float) -> LinkAddres
     """Where the run's host is, from its session's conf; JobNotFoundError when the run ended or is unknown."""
     from .driver.launch.spark.connect_client import running_operations
     from .durable.host import release
-    from .durable.link import LINK_CONF, LinkAddress
+    from .durable.link import HOST_LOST, LINK_CONF, LinkAddress
 
     deadline = time.monotonic() + timeout
     while True:
@@ -253,11 +281,15 @@ def find_link(session: SparkSession, ident: JobId, timeout: float) -> LinkAddres
             value = session.conf.get(LINK_CONF, None)
             running = running_operations(session)
         except Exception as exc:
-            if "SESSION_CLOSED" in str(exc) or "SESSION_NOT_FOUND" in str(exc):
+            if _session_gone(exc):
                 raise _ended(ident, "its Spark Connect session was closed") from None
             raise
-        if running == 0 and value:
-            raise _ended(ident, "its host's operation is no longer running (its executor was lost)")
+        if value == HOST_LOST or (running == 0 and value):
+            release(session)  # (what is left of the run: its operation has failed, or fails now)
+            why = "its host's operation is no longer running (its executor was lost)"
+            if value == HOST_LOST:
+                why = "its host was lost (its task or executor failed) and the run is not started again"
+            raise _ended(ident, why)
         if running == 0:
             release(session)  # the empty session this look-up opened
             raise JobNotFoundError(
@@ -304,9 +336,6 @@ def attach(
         except OSError as exc:
             raise _unreachable(session, ident, address, exc) from None
     except BaseException:
-        try:
-            session.client.close()
-        except Exception:  # noqa: BLE001 - already closed (released)
-            pass
+        _close_channel(session)
         raise
     return job

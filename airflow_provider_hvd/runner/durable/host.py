@@ -147,7 +147,9 @@ class Host:
         self._detached_since = time.monotonic()
         self._cancel_asked = False
         self._lease_ended = False
-        self.fetched = threading.Event()
+        self.fetched = threading.Event()  # a client fetched the outcome, and every attached one has it
+        self._any_fetched = False
+        self._unfetched: set[object] = set()  # the attached peers that have not fetched the outcome
         self.ended = threading.Event()  # the host is done: its clients' threads end
         self.progress: dict[str, tuple[int, dict[str, Any]]] = {}
         self.outcome: tuple[link.Outcome, bytes | None] | None = None
@@ -171,11 +173,24 @@ class Host:
     def cancel(self) -> None:
         self._cancel_asked = True
 
-    def attached(self, delta: int) -> None:
+    def attached(self, peer: object, joined: bool) -> None:
         with self._lock:
-            self._attached += delta
+            self._attached += 1 if joined else -1
+            if joined:
+                self._unfetched.add(peer)
             if self._attached == 0:
                 self._detached_since = time.monotonic()
+        if not joined:
+            self.peer_fetched(peer, False)
+
+    def peer_fetched(self, peer: object, fetched: bool = True) -> None:
+        """``peer`` fetched the outcome (or detached): the host ends once one did and every attached one has it."""
+        with self._lock:
+            self._unfetched.discard(peer)
+            self._any_fetched = self._any_fetched or fetched
+            done = self._any_fetched and not self._unfetched
+        if done:
+            self.fetched.set()
 
     def lease_over(self) -> bool:
         with self._lock:
@@ -219,13 +234,17 @@ class Host:
         from ..driver.tracking.progress import RunProgress
 
         spec = self.spec
-        progress = RunProgress(spec.metrics_rank, _LinkSink(self), spec.progress_interval_s, spec.resume_from)
+        progress = RunProgress(
+            spec.metrics_rank, _LinkSink(self), spec.progress_interval_s, spec.resume_from, spec.naming.runner
+        )
         result: bytes | None = None
         error: BaseException | None = None
         ranks: SparkSession | None = None
         try:
             ranks = open_session(spec.connection, None)
             keepalive.sessions.append(ranks)
+            with contextlib.suppress(Exception):  # (only a cancel without a link reads it)
+                keepalive.sessions[0].conf.set(link.RANKS_CONF, ranks.session_id)
             self._supervisor = self._make_supervisor(ranks, progress)
             body = self._supervisor.run_raw()
             result = body.read() if isinstance(body, Pieces) else bytes(body)
@@ -284,7 +303,8 @@ class Host:
         )
 
     def _keep_outcome(self) -> None:
-        """Until a client fetched the outcome, or nobody was attached for ``detached_timeout``."""
+        """Until a client fetched the outcome and every attached one has it, or nobody was attached for
+        ``detached_timeout``."""
         while not self.fetched.wait(0.2):
             if self.lease_over():
                 log.warning(
@@ -396,7 +416,7 @@ class _Peer:
 
     def serve(self) -> None:
         host = self._host
-        host.attached(+1)
+        host.attached(self, joined=True)
         log.info("%s: a client attached from %s", host.spec.naming.runner, self._peer)
         writer = threading.Thread(target=self._write, name="hvd-link-writer", daemon=True)
         writer.start()
@@ -408,7 +428,7 @@ class _Peer:
                 host.ring.changed.notify_all()
             writer.join()
             self._stream.close()
-            host.attached(-1)
+            host.attached(self, joined=False)
             if not host.ended.is_set():
                 log.info("%s: the client at %s detached", host.spec.naming.runner, self._peer)
 
@@ -425,7 +445,7 @@ class _Peer:
                 log.warning("%s: the client at %s cancelled the run", self._host.spec.naming.runner, self._peer)
                 self._host.cancel()
             elif isinstance(message, link.Fetched):
-                self._host.fetched.set()
+                self._host.peer_fetched(self)
 
     def _write(self) -> None:
         host, ring = self._host, self._host.ring
@@ -476,8 +496,26 @@ def host_task(spec: HostSpec, read_job: Callable[[], bytes]) -> Callable[[Iterat
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
+        from pyspark import TaskContext
 
+        context = TaskContext.get()
+        if context is not None and context.attemptNumber() > 0:
+            refuse_retry(spec.naming.runner, spec.connection, spec.run_session)
         ended = Host(spec, read_job).run()
         yield pa.RecordBatch.from_pydict({"ended": [ended]})
 
     return task
+
+
+def refuse_retry(runner: str, connection: str, run_session: str) -> None:
+    """A host task Spark started again (its first attempt failed, or its executor was lost) must not start the
+    run a second time from scratch: it marks the run's link as lost, for ``attach()`` to say so, and fails."""
+    message = (
+        f"{runner}: the run's host was lost (its task or executor failed) and Spark retried it: a "
+        "submitted run is not started again from scratch; submit it again (resume_from= resumes from a checkpoint)"
+    )
+    with contextlib.suppress(Exception):  # (the session may be gone: then an attach says the run has ended)
+        session = open_session(connection, run_session)
+        session.conf.set(link.LINK_CONF, link.HOST_LOST)
+        session.client.close()
+    raise RuntimeError(message)

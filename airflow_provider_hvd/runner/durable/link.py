@@ -18,11 +18,15 @@ from typing import Any, ClassVar
 
 from ..shared.messages import Message, RawMessage
 from ..shared.timing import CONNECT_TIMEOUT_S, HANDSHAKE_TIMEOUT_S
-from ..shared.tls import connect_tls
+from ..shared.tls import accept_tls, connect_tls
 from ..shared.wire import Body, DriverHandshake, FrameStream, Kind, connect_handshake
 
 #: the key of the run's session conf where the host publishes how to reach it
 LINK_CONF = "spark.horovodRunner.durable.link"
+#: the session id of the ranks' own session (the host publishes it beside the link: a cancel without a link ends it)
+RANKS_CONF = "spark.horovodRunner.durable.ranks"
+#: what a host that Spark retried writes into LINK_CONF in place of an address: the run's first host was lost
+HOST_LOST = "lost"
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,9 @@ def decode(kind: Kind, body: Body) -> Message:
 def accept_link(sock: socket.socket, secret: bytes, tls: ssl.SSLContext | None) -> tuple[socket.socket, FrameStream]:
     """The host's end of a new connection: TLS (with the link's certificate) when ``tls``, then the peer must
     prove ``secret``; ``AuthenticationError``/``OSError``/``ssl.SSLError`` otherwise, before any frame is read.
-    Returns the socket to use from then on (over TLS, the wrapped one: ``sock`` is detached) and its frames."""
+    Returns the socket (TLS is done in memory above it, :mod:`..shared.tls`) and its frames."""
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    if tls is not None:
-        sock = tls.wrap_socket(sock, server_side=True)
-    stream = FrameStream.over_socket(sock)
+    stream = FrameStream.over_socket(sock) if tls is None else accept_tls(sock, tls)
     handshake = DriverHandshake(secret)
     stream.write_bytes(handshake.nonce)
     stream.write_bytes(handshake.verify(stream.read_bytes(DriverHandshake.ANSWER_BYTES)))

@@ -239,6 +239,28 @@ class TlsWriter:
                 self._sock.sendall(sealed)
 
 
+def _handshake(sock: socket.socket, session: TlsSession, peer: str) -> bytes:
+    """Blocking: the session's handshake on ``sock``; the plaintext that came with its end."""
+    plaintext = b""
+    while not session.handshake_done:
+        data = sock.recv(_READ_BYTES)
+        if not data:
+            raise AuthenticationError(f"{peer} closed the connection during the TLS handshake")
+        plaintext += session.receive(data)
+        out = session.seal()
+        if out:
+            sock.sendall(out)
+    return plaintext
+
+
+def accept_tls(sock: socket.socket, context: ssl.SSLContext) -> FrameStream:
+    """The server's end of a blocking TLS connection (a submitted run's link): the frames through a
+    :class:`TlsSession`, so that a reading and a writing thread never use one OpenSSL object at once."""
+    session = TlsSession(context, server_side=True)
+    plaintext = _handshake(sock, session, "the peer")
+    return FrameStream(TlsReader(sock, session, plaintext), TlsWriter(sock, session), sock)
+
+
 def connect_tls(sock: socket.socket, pinned: str) -> FrameStream:
     """The agent's TLS handshake on ``sock``; the driver's certificate must have the fingerprint ``pinned``.
 
@@ -248,15 +270,7 @@ def connect_tls(sock: socket.socket, pinned: str) -> FrameStream:
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
     session = TlsSession(_context(server_side=False), server_side=False)
     sock.sendall(session.start())
-    plaintext = b""
-    while not session.handshake_done:
-        data = sock.recv(_READ_BYTES)
-        if not data:
-            raise AuthenticationError("the driver closed the connection during the TLS handshake")
-        plaintext += session.receive(data)
-        out = session.seal()
-        if out:
-            sock.sendall(out)
+    plaintext = _handshake(sock, session, "the driver")
     seen = fingerprint(session.peer_certificate or b"")
     if not hmac.compare_digest(seen, pinned):
         raise CertificateMismatch(
