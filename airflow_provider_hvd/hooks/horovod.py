@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 from urllib.parse import quote, urlparse
@@ -229,6 +230,8 @@ class HorovodHook(BaseHook):
         self._cancelled = False
         self._gateway: JavaGateway | None = None  # the JVM this hook started, if it did
         self.ui_url: str | None = None
+        #: the SparkSession of the job :meth:`run_job` is running (None outside it, and for a local job)
+        self.job_session: SparkSession | ConnectSession | None = None
         self.history_server: str | None = None
 
     def add_openlineage_conf(self, conf: Mapping[str, str]) -> None:
@@ -482,7 +485,7 @@ class HorovodHook(BaseHook):
             self.log.info("Spark master %s, application %s%s", sc.master, sc.applicationId, ui)
             if self._cancelled:  # cancel() came while the session started
                 raise RunCancelledError("the job was cancelled before its ranks started")
-            with runner._on_session(spark):  # not the thread's active session: it may be a Connect one
+            with runner._on_session(spark), self._job_on(spark):  # not the thread's active one: it may be Connect's
                 return job()
         finally:
             if shared:
@@ -505,10 +508,19 @@ class HorovodHook(BaseHook):
             self.log.info("Running over Spark Connect at %s: application %s%s", target.address, app, ui)
             if self._cancelled:  # cancel() came while the session opened
                 raise RunCancelledError("the job was cancelled before its ranks started")
-            with runner._on_session(spark):
+            with runner._on_session(spark), self._job_on(spark):
                 return job()
         finally:
             stop_session(spark)  # within seconds also where the server died during the job
+
+    @contextlib.contextmanager
+    def _job_on(self, spark: SparkSession | ConnectSession) -> Iterator[None]:
+        """:attr:`job_session` is ``spark`` while the job runs (the operators build its DataFrame there)."""
+        self.job_session = spark
+        try:
+            yield
+        finally:
+            self.job_session = None
 
     @property
     def runner(self) -> JobRunner | None:

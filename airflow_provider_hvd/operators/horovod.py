@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import MlflowRunLink, SparkUILink, TrainingJobOperator
 from airflow_provider_hvd.runner import HorovodRunner
 from airflow_provider_hvd.runner.settings import takes_run_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["HorovodRunnerOperator", "MlflowRunLink", "SparkUILink"]
 
@@ -23,6 +26,10 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param conn_id: the ``spark`` connection (default ``spark_default``; templated), or a ``spark_connect`` one: the
         job then runs on that Spark Connect server, in a session of its own.
     :param spark_conf: Spark settings on top of the connection's (templated).
+    :param dataframe: training data from Spark: a SQL string (templated), or a callable that receives the task's
+        SparkSession and returns a DataFrame; built in the task's session (classic or Connect), its rows are
+        shared out among the ranks (``HorovodRunner.run_on_dataframe``: ``dataframe_shard()`` in the ranks).
+        Needs ``np > 0`` and ``op_kwargs`` (not ``op_args``). See docs/dataframes.md.
     :param openlineage_inject_parent_job_info: give the Spark session OpenLineage's parent job, this task
         (``spark.openlineage.parentJobName``, ``parentRunId``, ``rootParent*``...), as the apache-spark provider's
         operators do (default None: the ``[openlineage] spark_inject_parent_job_info`` setting, False unless set).
@@ -58,6 +65,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
         spark_conf: dict[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
+        dataframe: str | Callable[[SparkSession], DataFrame] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -68,9 +76,17 @@ class HorovodRunnerOperator(TrainingJobOperator):
             spark_conf=spark_conf,
             openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
             openlineage_inject_transport_info=openlineage_inject_transport_info,
+            dataframe=dataframe,
             **kwargs,
         )
         self.np = np
+        if not isinstance(np, str):  # a template is checked once rendered
+            self._check_dataframe_runs_on_spark(self.runs_locally())
+        if dataframe is not None and self.op_args:
+            raise TypeError(
+                f"Task {self.task_id!r}: HorovodRunner.run_on_dataframe passes keyword arguments only: give "
+                "op_kwargs instead of op_args (or call the decorated function with keywords)"
+            )
 
     def _np(self) -> int:
         try:
@@ -81,8 +97,13 @@ class HorovodRunnerOperator(TrainingJobOperator):
     def runs_locally(self) -> bool:
         return self._np() < 0
 
+    def local_fix(self) -> str:
+        return f"use np={abs(self._np())} (np>0)"
+
     def make_runner(self, **common: Any) -> HorovodRunner:
         return HorovodRunner(np=self._np(), **common)
 
-    def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any], dataframe: DataFrame | None) -> Any:
+        if dataframe is not None:
+            return runner.run_on_dataframe(self.python_callable, dataframe, **kwargs)
         return runner.run_with_args(self.python_callable, args, kwargs)

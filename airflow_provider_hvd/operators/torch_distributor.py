@@ -10,6 +10,8 @@ from airflow_provider_hvd.operators.training_job import TrainingJobOperator
 from airflow_provider_hvd.runner.settings import PYSPARK_DEFAULTS, takes_run_settings
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
     from airflow_provider_hvd.runner.torch_distributor import TorchDistributor
 
 
@@ -29,6 +31,11 @@ class TorchDistributorOperator(TrainingJobOperator):
         for ``local_mode=False``.
     :param spark_conf: Spark settings on top of the connection's (templated), e.g.
         ``{"spark.task.resource.gpu.amount": "1"}``.
+    :param dataframe: training data from Spark: a SQL string (templated), or a callable that receives the task's
+        SparkSession and returns a DataFrame; built in the task's session (classic or Connect), its rows are
+        shared out among the processes (``TorchDistributor.train_on_dataframe``: ``dataframe_shard()`` or
+        ``get_spark_partition_data_loader(...)`` in the processes). Needs ``local_mode=False``. See
+        docs/dataframes.md.
     :param openlineage_inject_parent_job_info: OpenLineage's parent job in the Spark session's settings
         (default None: ``[openlineage] spark_inject_parent_job_info``): as :class:`HorovodRunnerOperator`'s.
     :param openlineage_inject_transport_info: OpenLineage's transport there (default None: ``[openlineage]
@@ -61,6 +68,7 @@ class TorchDistributorOperator(TrainingJobOperator):
         spark_conf: dict[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
+        dataframe: str | Callable[[SparkSession], DataFrame] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -71,6 +79,7 @@ class TorchDistributorOperator(TrainingJobOperator):
             spark_conf=spark_conf,
             openlineage_inject_parent_job_info=openlineage_inject_parent_job_info,
             openlineage_inject_transport_info=openlineage_inject_transport_info,
+            dataframe=dataframe,
             **kwargs,
         )
         if not isinstance(num_processes, str):  # a template is checked once rendered
@@ -78,6 +87,7 @@ class TorchDistributorOperator(TrainingJobOperator):
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
+        self._check_dataframe_runs_on_spark(self.local_mode)
 
     @staticmethod
     def _check_processes(num_processes: object) -> int:
@@ -96,10 +106,15 @@ class TorchDistributorOperator(TrainingJobOperator):
         self._processes()  # a bad rendered value fails before anything starts
         return self.local_mode
 
+    def local_fix(self) -> str:
+        return "pass local_mode=False"
+
     def make_runner(self, **common: Any) -> TorchDistributor:
         from airflow_provider_hvd.runner.torch_distributor import TorchDistributor
 
         return TorchDistributor(self._processes(), self.local_mode, self.use_gpu, **common)
 
-    def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def start(self, runner: Any, args: list[Any], kwargs: dict[str, Any], dataframe: DataFrame | None) -> Any:
+        if dataframe is not None:
+            return runner.train_on_dataframe(self.python_callable, dataframe, *args, **kwargs)
         return runner.run(self.python_callable, *args, **kwargs)

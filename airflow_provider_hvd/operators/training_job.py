@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     import jinja2
     from airflow.sdk import Context
     from airflow.sdk.types import TaskInstanceKey
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 _SHIPPABLE = (str, int, float, bool, type(None))
 
@@ -69,12 +71,13 @@ class TrainingJobOperator(BaseOperator):
 
     #: the ranks' kind, in messages ("the task was killed; every Horovod rank was ended")
     kind: ClassVar[str] = "training"
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "conn_id", "spark_conf", "mlflow")
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "conn_id", "spark_conf", "mlflow", "dataframe_sql")
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "op_args": "py",
         "op_kwargs": "py",
         "spark_conf": "json",
         "mlflow": "json",
+        "dataframe_sql": "sql",
     }
     operator_extra_links = (SparkUILink(), MlflowRunLink())
     ui_color = "#e8f0fe"
@@ -94,6 +97,7 @@ class TrainingJobOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
+        dataframe: str | Callable[[SparkSession], DataFrame] | None = None,
         **kwargs: Any,
     ) -> None:
         # the run settings a task takes (RunSettings), checked at parse time, not when the task runs; each is an
@@ -112,6 +116,14 @@ class TrainingJobOperator(BaseOperator):
         # None: the [openlineage] setting of the worker that runs the task, read then
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         self.openlineage_inject_transport_info = openlineage_inject_transport_info
+        # a SQL string is a template field; a callable is kept apart (Airflow would call a callable field)
+        if dataframe is not None and not isinstance(dataframe, str) and not callable(dataframe):
+            raise TypeError(
+                f"dataframe= takes a SQL string or a callable that receives the task's SparkSession and returns "
+                f"the DataFrame, not {type(dataframe).__name__}"
+            )
+        self.dataframe_sql = dataframe if isinstance(dataframe, str) else None
+        self.dataframe_factory: Callable[[Any], Any] | None = None if isinstance(dataframe, str) else dataframe
         self.spark_ui_url: str | None = None
         self.mlflow_run: TryMlflowRun | None = None
         self._hook: HorovodHook | None = None
@@ -132,10 +144,47 @@ class TrainingJobOperator(BaseOperator):
         """Whether the job runs on this host's processes, without Spark (after the fields are rendered)."""
         raise NotImplementedError
 
-    def start(self, runner: JobRunner, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Run the job on ``runner`` (:meth:`make_runner`'s): ``python_callable(*args, **kwargs)`` on every
-        rank; return rank 0's value."""
+    def local_fix(self) -> str:
+        """What makes this task's job run on Spark, for the message that refuses ``dataframe=`` on a local one."""
         raise NotImplementedError
+
+    def start(self, runner: JobRunner, args: list[Any], kwargs: dict[str, Any], dataframe: DataFrame | None) -> Any:
+        """Run the job on ``runner`` (:meth:`make_runner`'s): ``python_callable(*args, **kwargs)`` on every
+        rank, with ``dataframe``'s rows shared out among them where there is one; return rank 0's value."""
+        raise NotImplementedError
+
+    def _check_dataframe_runs_on_spark(self, local: bool) -> None:
+        """A ``dataframe=`` on a job that runs without Spark is refused (the rows come from its barrier tasks)."""
+        if local and (self.dataframe_sql is not None or self.dataframe_factory is not None):
+            raise ValueError(
+                f"Task {self.task_id!r}: dataframe= needs a job on Spark, whose barrier tasks bring each rank its "
+                f"rows, and this one runs on the worker's processes without Spark: {self.local_fix()} (on a "
+                "local[*] master to stay on this host)"
+            )
+
+    def _dataframe(self, spark: SparkSession | ConnectSession | None) -> DataFrame | None:
+        """The task's ``dataframe=``, built in the job's session ``spark``: the SQL's result, or the callable's."""
+        if spark is None or (self.dataframe_sql is None and self.dataframe_factory is None):
+            return None
+        if self.dataframe_sql is not None:
+            try:
+                return spark.sql(self.dataframe_sql)
+            except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors alike: name the task
+                raise ValueError(
+                    f"Task {self.task_id!r}: the dataframe= SQL failed in the task's Spark session: "
+                    f"{str(exc).strip().splitlines()[0]}\nSQL: {self.dataframe_sql}"
+                ) from exc
+        from pyspark.sql import DataFrame  # (Spark Connect's DataFrame is one too)
+
+        assert self.dataframe_factory is not None
+        df = self.dataframe_factory(spark)
+        if not isinstance(df, DataFrame):
+            name = getattr(self.dataframe_factory, "__name__", repr(self.dataframe_factory))
+            raise TypeError(
+                f"Task {self.task_id!r}: dataframe={name} returned a {type(df).__name__}, not a Spark DataFrame: "
+                "return one made in the session it receives (spark.table(...), spark.sql(...), spark.range(...))"
+            )
+        return df
 
     def _context_kwargs(self, context: Context) -> dict[str, Any]:
         """Context values the callable asks for by name (``ds``, ``run_id``...): plain ones only, they travel."""
@@ -160,6 +209,7 @@ class TrainingJobOperator(BaseOperator):
         if self._killed:  # on_kill() came before the hook
             raise RunCancelledError(f"the task was killed before its {self.kind} job started")
         local = self.runs_locally()
+        self._check_dataframe_runs_on_spark(local)  # (np or num_processes may have been a template)
         kwargs = {**self._context_kwargs(context), **self.op_kwargs}
         if not local:
             self._hook.add_openlineage_conf(self._openlineage_conf(context))
@@ -174,7 +224,7 @@ class TrainingJobOperator(BaseOperator):
             progress_sink=progress,
         )
         try:
-            value = self._hook.run_job(runner, lambda: self.start(runner, self.op_args, kwargs), local=local)
+            value = self._hook.run_job(runner, lambda: self._start(runner, kwargs), local=local)
         finally:
             self.spark_ui_url = self._hook.ui_url
         if self._killed:  # Airflow lets execute go on after on_kill(): the task must not end as a success
@@ -184,6 +234,11 @@ class TrainingJobOperator(BaseOperator):
         if self.do_xcom_push:
             self._check_xcom_value(value)
         return value
+
+    def _start(self, runner: JobRunner, kwargs: dict[str, Any]) -> Any:
+        """:meth:`start`, with the DataFrame built in the session the hook runs the job on."""
+        assert self._hook is not None
+        return self.start(runner, self.op_args, kwargs, self._dataframe(self._hook.job_session))
 
     def _openlineage_conf(self, context: Context) -> dict[str, str]:
         """OpenLineage's parent job (this task) and transport for the Spark session, as the parameters ask."""
