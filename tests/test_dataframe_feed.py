@@ -364,6 +364,33 @@ def test_each_iteration_reads_the_mapped_file_in_place():
         assert shard.take([5, 0, 499])["x"].tolist() == [5, 0, 499]
 
 
+def test_a_nullable_column_has_one_dtype_in_every_batch_of_the_shard():
+    """A null in one record batch of the shard only: its integer column is float64 (NaN for the null) and its
+    boolean column objects (None) in every batch, also those without a null, read in order, shuffled or taken;
+    a column without a null keeps its own dtype. Torch batches then never switch from long to float partway
+    through an epoch."""
+    label = pa.array([None if i == 150 else i for i in range(300)], pa.int64())
+    flag = pa.array([None if i == 150 else i % 2 == 0 for i in range(300)], pa.bool_())
+    table = pa.table({"label": label, "flag": flag, "plain": np.arange(300, dtype=np.int32)})
+    with local_shards(table, 1) as shard_of:  # (record batches of 100: the null is in the second)
+        shard = shard_of(0)
+        for batches in (
+            list(shard.iter_batches(50)),
+            list(shard.iter_batches(64, shuffle=True, seed=1)),
+            [shard.take([0, 1, 2]), shard.take([150, 3])],
+        ):
+            assert {str(b["label"].dtype) for b in batches} == {"float64"}
+            assert {str(b["flag"].dtype) for b in batches} == {"object"}
+            assert {str(b["plain"].dtype) for b in batches} == {"int32"}
+        assert np.isnan(shard.take([150])["label"][0]) and shard.take([150, 2])["flag"].tolist() == [None, True]
+        tensors = list(shard.iter_torch_batches(50, columns=["label", "plain"]))
+        assert len(tensors) == 6 and {(t["label"].dtype, t["plain"].dtype) for t in tensors} == {
+            (torch.float64, torch.int32)
+        }
+        with pytest.raises(TypeError, match=r"^column 'flag' holds objects"):
+            next(shard.iter_torch_batches(50, columns=["flag"]))  # (at the first batch, not partway)
+
+
 def test_a_rank_asks_for_what_its_shard_cannot_give():
     os.environ.pop(SHARD_ENV, None)
     with pytest.raises(RuntimeError, match=r"^dataframe_shard\(\) works in the ranks of a run on a DataFrame"):

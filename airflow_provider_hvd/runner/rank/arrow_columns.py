@@ -1,8 +1,11 @@
 """A shard's columns as NumPy arrays, read from the memory-mapped Arrow file: what each Arrow type becomes.
 
 - numbers, booleans, dates, timestamps and durations: NumPy arrays of their type, read in place (no copy)
-  where Arrow's and NumPy's layouts agree (numbers without nulls, timestamps, durations); numbers with nulls
-  as floats with NaN, booleans with nulls as objects (Arrow's ``to_numpy``);
+  where Arrow's and NumPy's layouts agree (numbers without nulls, timestamps, durations). A column's dtype is
+  chosen once for its whole shard, from the shard's nulls (each record batch's null count, in its metadata):
+  integers of a shard with a null anywhere are float64 with NaN, booleans objects with ``None``, in every
+  batch, also those without a null (:func:`with_nulls_dtype`); floats, dates and timestamps keep their dtype
+  (NaN, NaT);
 - strings and binary (and decimals): object arrays of ``str``, ``bytes`` (``Decimal``);
 - arrays of numbers or booleans, and Spark ML vectors (dense and sparse, Spark's struct encoding of
   ``VectorUDT``): 2-D arrays, vectors as float64; rows of different lengths (or null) as an object array of
@@ -166,15 +169,29 @@ def _vectors(array: pa.StructArray) -> NDArray[Any]:
     return result
 
 
-def to_numpy(array: pa.Array, kind: str) -> NDArray[Any]:
-    """One column's rows (an Arrow array of :func:`column_kind` ``kind``) as NumPy."""
+def with_nulls_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
+    """The NumPy dtype of every batch of a scalar column of ``data_type`` that has a null anywhere in its shard,
+    where it differs from the batches without one: integers as float64 (NaN for null), booleans as objects
+    (``None`` for null); None for the other types (their dtype is the same with nulls: NaN, NaT, ``None``)."""
+    if pat.is_dictionary(data_type):
+        data_type = data_type.value_type
+    if pat.is_integer(data_type):
+        return np.dtype(np.float64)
+    if pat.is_boolean(data_type):
+        return np.dtype(object)
+    return None
+
+
+def to_numpy(array: pa.Array, kind: str, dtype: np.dtype[Any] | None = None) -> NDArray[Any]:
+    """One column's rows (an Arrow array of :func:`column_kind` ``kind``) as NumPy; a scalar column as ``dtype``
+    when given (:func:`with_nulls_dtype`: the same in a batch without a null as in one with)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     if isinstance(array, pa.DictionaryArray):
         array = array.dictionary_decode()
     if kind == "scalar":
         values: NDArray[Any] = array.to_numpy(zero_copy_only=False)
-        return values
+        return values if dtype is None else values.astype(dtype, copy=False)
     if kind == "vector":
         return _vectors(array)
     flat, offsets = _list_values(array)

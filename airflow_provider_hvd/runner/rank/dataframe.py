@@ -3,7 +3,8 @@
 The agent wrote the shard to the executor's local disk before the rank started (:mod:`..agent.shard_writer`)
 and said where in the rank's environment (:data:`..shared.shards.SHARD_ENV`). The file is memory-mapped:
 each iteration reads it again, from the page cache, and asks Spark for nothing. Numeric columns without
-nulls are read in place (the arrays are read-only views of the file); see :mod:`.arrow_columns` for the types.
+nulls are read in place (the arrays are read-only views of the file); see :mod:`.arrow_columns` for the types
+(each column's dtype is the same in every batch: chosen once for the shard).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..shared.shards import ShardInfo
-from .arrow_columns import column_kind, fixed_width_view, to_numpy
+from .arrow_columns import column_kind, fixed_width_view, to_numpy, with_nulls_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +36,9 @@ class _Column:
         self.name = name
         self.kind = kind
         self.chunked = pa.chunked_array(chunks, type=chunks[0].type) if chunks else None
+        # one dtype for the whole shard, from its nulls (the batches' null counts: metadata, nothing is read)
+        nulls = any(chunk.null_count for chunk in chunks)
+        self.dtype = with_nulls_dtype(chunks[0].type) if nulls and kind == "scalar" else None
         views = [fixed_width_view(chunk) for chunk in chunks] if kind == "scalar" else []
         fixed = [view for view in views if view is not None]
         self.views: list[NDArray[Any]] | None = fixed if fixed and len(fixed) == len(views) else None
@@ -60,7 +64,7 @@ class _Column:
             return np.concatenate([self.views[chunk][start:stop] for chunk, start, stop in pieces])
         assert self.chunked is not None
         arrays = [self.chunked.chunk(chunk).slice(start, stop - start) for chunk, start, stop in pieces]
-        return to_numpy(arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays), self.kind)
+        return to_numpy(arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays), self.kind, self.dtype)
 
     def gather(self, rows: NDArray[np.int64], chunk_of: NDArray[np.int64], within: NDArray[np.int64]) -> NDArray[Any]:
         """The rows at shard indices ``rows`` (in chunk ``chunk_of``, at ``within``), in that order."""
@@ -68,7 +72,7 @@ class _Column:
             gathered: NDArray[Any] = self.file[self.starts[chunk_of] + within]
             return gathered
         assert self.chunked is not None
-        return to_numpy(self.chunked.take(pa.array(rows)), self.kind)
+        return to_numpy(self.chunked.take(pa.array(rows)), self.kind, self.dtype)
 
 
 class DataFrameShard:
