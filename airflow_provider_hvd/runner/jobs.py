@@ -119,10 +119,10 @@ class Job:
         """Rank 0's return value, once the run ended; or the error ``run()`` would raise (RankFailedError naming
         the rank, RunCancelledError, RunStalledError, LaunchError). ``TimeoutError`` after ``timeout`` seconds
         with the run still going on (it goes on)."""
-        from .runner import _rank_logs_visible
+        from .driver.watch.channel import rank_logs_visible
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        with _rank_logs_visible():
+        with rank_logs_visible():
             while not self._finished:
                 client = self._require_client()
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -234,8 +234,7 @@ def _session_gone(error: BaseException) -> bool:
 
 def _release_ranks(session: SparkSession, ranks_id: str) -> None:
     """Release the ranks' own session (its barrier job ends with it), with this session's connection."""
-    from .durable.host import open_session, release
-    from .durable.submit import connection_string
+    from .durable.host import connection_string, open_session, release
 
     try:
         release(open_session(connection_string(session)[0], ranks_id))

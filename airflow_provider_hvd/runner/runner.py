@@ -6,8 +6,6 @@ import contextlib
 import inspect
 import logging
 import os
-import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Unpack
@@ -19,7 +17,7 @@ from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encryp
 from .driver.tracking.mlflow_run import MlflowRun, start_mlflow_run
 from .driver.tracking.progress import RunProgress
 from .driver.verdict.stacks import CodeFiles
-from .driver.watch.channel import rank_log
+from .driver.watch.channel import rank_logs_visible
 from .errors import LaunchError, RunCancelledError
 from .mlflow_settings import import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
@@ -44,32 +42,6 @@ def _supervisor_class() -> type[Supervisor]:
 
 
 log = logging.getLogger("airflow_provider_hvd.runner")
-
-
-_console_lock = threading.Lock()
-_console_users = 0
-_console_handler = logging.StreamHandler(sys.stderr)
-_console_handler.setFormatter(logging.Formatter("%(message)s"))
-
-
-@contextlib.contextmanager
-def _rank_logs_visible() -> Iterator[None]:
-    """Show relayed rank lines on stderr while runs are going on, if the application set up no logging."""
-    global _console_users
-    with _console_lock:
-        ours = _console_users > 0 or not rank_log.hasHandlers()
-        if ours:
-            if _console_users == 0:
-                rank_log.addHandler(_console_handler)
-            _console_users += 1
-    try:
-        yield
-    finally:
-        if ours:
-            with _console_lock:
-                _console_users -= 1
-                if _console_users == 0:
-                    rank_log.removeHandler(_console_handler)
 
 
 @dataclass
@@ -194,7 +166,7 @@ class _Runner:
                 del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
                 if self.settings.resume_from is not None:
                     log.info("%s: resuming from %s", runner, describe_checkpoint(self.settings.resume_from))
-                with _rank_logs_visible():
+                with rank_logs_visible():
                     try:
                         return supervisor.run()
                     finally:

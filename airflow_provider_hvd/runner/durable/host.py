@@ -519,3 +519,18 @@ def refuse_retry(runner: str, connection: str, run_session: str) -> None:
         session.conf.set(link.LINK_CONF, link.HOST_LOST)
         session.client.close()
     raise RuntimeError(message)
+
+
+def connection_string(spark: SparkSession) -> tuple[str, str, str]:
+    """``sc://host:port/;params`` of the client's session (without its session id), the URL without token for
+    the run's id, and the user id."""
+    from ..driver.launch.spark.connect_client import connection_params, endpoint
+
+    params = connection_params(spark)
+    url = f"sc://{endpoint(spark)}"
+    connection = url + "/;" + ";".join(f"{key}={value}" for key, value in params.items())
+    public = {key: params[key] for key in ("use_ssl",) if key in params}
+    if "token" in params:
+        public["use_ssl"] = "true"  # (pyspark's token implies TLS)
+    shown = url + ("/;" + ";".join(f"{key}={value}" for key, value in public.items()) if public else "")
+    return connection, shown, params["user_id"]

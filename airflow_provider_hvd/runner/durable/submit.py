@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LaunchError, RunCancelledError
 from ..shared.timing import HOST_START_TIMEOUT_S
-from .host import SCHEMA, HostSpec, host_task, open_session, release
+from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release
 from .link import LINK_CONF, LinkAddress
 
 if TYPE_CHECKING:
@@ -31,21 +31,6 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 _LINK_POLL_S = 0.25
 HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
-
-
-def connection_string(spark: SparkSession) -> tuple[str, str, str]:
-    """``sc://host:port/;params`` of the client's session (without its session id), the URL without token for
-    the run's id, and the user id."""
-    from ..driver.launch.spark.connect_client import connection_params, endpoint
-
-    params = connection_params(spark)
-    url = f"sc://{endpoint(spark)}"
-    connection = url + "/;" + ";".join(f"{key}={value}" for key, value in params.items())
-    public = {key: params[key] for key in ("use_ssl",) if key in params}
-    if "token" in params:
-        public["use_ssl"] = "true"  # (pyspark's token implies TLS)
-    shown = url + ("/;" + ";".join(f"{key}={value}" for key, value in public.items()) if public else "")
-    return connection, shown, params["user_id"]
 
 
 class _Operation:

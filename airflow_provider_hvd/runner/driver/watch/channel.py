@@ -17,6 +17,7 @@ in the loop as they are read (never blocking) and in whichever thread writes (un
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -26,9 +27,10 @@ import select
 import selectors
 import socket
 import ssl
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ...shared import wire
@@ -551,3 +553,29 @@ class DriverChannel:
             pass
         self._thread.join()
         self._wake_w.close()
+
+
+_console_lock = threading.Lock()
+_console_users = 0
+_console_handler = logging.StreamHandler(sys.stderr)
+_console_handler.setFormatter(logging.Formatter("%(message)s"))
+
+
+@contextlib.contextmanager
+def rank_logs_visible() -> Iterator[None]:
+    """Show relayed rank lines on stderr while runs are going on, if the application set up no logging."""
+    global _console_users
+    with _console_lock:
+        ours = _console_users > 0 or not rank_log.hasHandlers()
+        if ours:
+            if _console_users == 0:
+                rank_log.addHandler(_console_handler)
+            _console_users += 1
+    try:
+        yield
+    finally:
+        if ours:
+            with _console_lock:
+                _console_users -= 1
+                if _console_users == 0:
+                    rank_log.removeHandler(_console_handler)
