@@ -44,6 +44,12 @@ def _supervisor_class() -> type[Supervisor]:
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 
+def _conf_and_tls(spark: SparkSession) -> tuple[Callable[[str], str | None], bool]:
+    """The session's Spark conf getter, and whether the driver channel is TLS (when Spark encrypts its own)."""
+    conf = session_conf(spark)
+    return conf, spark_encrypts(conf) is not None
+
+
 @dataclass
 class _Run:
     """One run in progress; ``cancel()`` sets its flag (a plain attribute: safe in a signal handler)."""
@@ -115,6 +121,24 @@ class _Runner:
 
     def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
         """The run's launcher, its Spark conf's getter, and whether the channel is TLS."""
+        local = self._local_launcher()
+        if local is not None:
+            return local, lambda key: None, False  # loopback only: no TLS
+        spark, per_task, use_gpus = self._spark_launch()
+        launcher = SparkLauncher(
+            spark,
+            self._size(),
+            self.settings.slot_wait_timeout,
+            cancelled=lambda: run.cancelled,
+            per_task=per_task,
+            use_gpus=use_gpus,
+            naming=self.naming,
+            dataframe=run.dataframe,
+        )
+        return launcher, *_conf_and_tls(spark)
+
+    def _local_launcher(self) -> Launcher | None:
+        """The launcher of a run on this host's processes; None for a run on Spark."""
         raise NotImplementedError
 
     def _rank_kind(self) -> RankKind:
@@ -233,14 +257,13 @@ class _Runner:
         with self._tracked_run() as run:
             payload = self._payload(run, main, args, kwargs)
             kind = self._rank_kind()
-            conf = session_conf(spark)
-            channel_tls = spark_encrypts(conf) is not None
+            conf, channel_tls = _conf_and_tls(spark)
             liveness = self._liveness(kind, conf, channel_tls)
             settings = self.settings
             spec = HostSpec(
                 self.naming,
                 "Horovod" if kind.name == "Horovod" else "torch",
-                self._size(per_task),
+                self._size(),
                 per_task,
                 use_gpus,
                 settings.driver_log_verbosity,
@@ -258,7 +281,8 @@ class _Runner:
             )
             return submit_run(spark, spec, payload, settings.progress_sink, lambda: run.cancelled)  # type: ignore[arg-type]
 
-    def _size(self, per_task: int) -> int:
+    def _size(self) -> int:
+        """How many ranks a Spark run has."""
         raise NotImplementedError
 
     def _start_mlflow_run(self, size: int, conf: Callable[[str], str | None]) -> MlflowRun | None:
@@ -369,7 +393,7 @@ class HorovodRunner(_Runner):
             )
         return self._spark(), 1, True
 
-    def _size(self, per_task: int) -> int:
+    def _size(self) -> int:
         return self.num_processor
 
     def _rank_kind(self) -> RankKind:
@@ -380,13 +404,5 @@ class HorovodRunner(_Runner):
     def _mlflow_params(self) -> dict[str, Any]:
         return {"np": self.num_processor, **super()._mlflow_params()}
 
-    def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
-        if self.num_processor < 0:
-            return LocalLauncher(-self.num_processor), lambda key: None, False  # loopback only: no TLS
-        spark = self._spark()
-        wait = self.settings.slot_wait_timeout
-        launcher = SparkLauncher(
-            spark, self.num_processor, wait, cancelled=lambda: run.cancelled, dataframe=run.dataframe
-        )
-        conf = session_conf(spark)
-        return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own
+    def _local_launcher(self) -> Launcher | None:
+        return LocalLauncher(-self.num_processor) if self.num_processor < 0 else None

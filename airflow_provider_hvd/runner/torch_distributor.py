@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from .driver.launch.local import LocalLauncher
-from .driver.launch.spark.barrier import SparkLauncher
 from .driver.launch.spark.capacity import TASK_GPUS
 from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
 from .errors import LaunchError
 from .rank.script import run_script
-from .runner import _Run, _Runner, check_dataframe, check_fits
+from .runner import _Runner, check_dataframe, check_fits
 from .settings import PYSPARK_DEFAULTS, RunOptions, RunSettings, takes_run_settings
 from .shared.gpus import GPU, host_gpus, spark_gpus_here
 from .shared.naming import TORCH_DISTRIBUTOR
@@ -184,10 +183,10 @@ class TorchDistributor(_Runner):
                 "outlive it; use run(), or local_mode=False on a Spark Connect session."
             )
         spark = self._spark()
-        self._plan(spark)
+        self._plan(spark)  # the checks on the session the job runs on (the constructor's, when it had one)
         return spark, self._per_task, self.use_gpu
 
-    def _size(self, per_task: int) -> int:
+    def _size(self) -> int:
         return self.num_processes
 
     def _rank_kind(self) -> RankKind:
@@ -199,26 +198,10 @@ class TorchDistributor(_Runner):
         settings = {"num_processes": self.num_processes, "local_mode": self.local_mode, "use_gpu": self.use_gpu}
         return {**settings, **super()._mlflow_params()}
 
-    def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
-        if self.local_mode:
-            local = LocalLauncher(self.num_processes, self.use_gpu, self.naming, self._local_gpus)
-            return local, lambda key: None, False
-        spark = self._spark()
-        self._plan(spark)  # the checks on the session the job runs on (the constructor's, when it had one)
-        conf = session_conf(spark)
-        launcher = SparkLauncher(
-            spark,
-            self.num_processes,
-            self.settings.slot_wait_timeout,
-            cancelled=lambda: run.cancelled,
-            per_task=self._per_task,
-            use_gpus=self.use_gpu,
-            naming=self.naming,
-            dataframe=run.dataframe,
-        )
-        from .driver.launch.spark.encryption import spark_encrypts
-
-        return launcher, conf, spark_encrypts(conf) is not None  # TLS for the channel when Spark encrypts its own
+    def _local_launcher(self) -> Launcher | None:
+        if not self.local_mode:
+            return None
+        return LocalLauncher(self.num_processes, self.use_gpu, self.naming, self._local_gpus)
 
     def _driver_gpus(self, spark: SparkSession | None) -> tuple[tuple[list[str], str], int]:
         """The GPUs of ``local_mode=True`` (and where they come from), and how many processes they allow.
