@@ -27,6 +27,7 @@ _EXPORTS = {
     "LaunchError": "airflow_provider_hvd.runner.errors",
     "RankFailedError": "airflow_provider_hvd.runner.errors",
     "RunCancelledError": "airflow_provider_hvd.runner.errors",
+    "RunDetachedError": "airflow_provider_hvd.runner.errors",
     "RunStalledError": "airflow_provider_hvd.runner.errors",
     "log_to_driver": "airflow_provider_hvd.runner.rank.control",
     "log_metrics": "airflow_provider_hvd.runner.rank.progress",
@@ -54,6 +55,7 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
+    "RunDetachedError",
     "RunStalledError",
     "TorchDistributor",
     "TorchDistributorOperator",
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
         LaunchError,
         RankFailedError,
         RunCancelledError,
+        RunDetachedError,
         RunStalledError,
     )
     from airflow_provider_hvd.runner.jobs import Job, JobStatus, attach

@@ -37,6 +37,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_hvd.operators.torch_distributor"],
             },
         ],
+        "triggers": [{"integration-name": "Horovod", "python-modules": ["airflow_provider_hvd.triggers.training_job"]}],
         "extra-links": [
             "airflow_provider_hvd.operators.training_job.SparkUILink",
             "airflow_provider_hvd.operators.training_job.MlflowRunLink",

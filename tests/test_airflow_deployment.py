@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -22,9 +23,11 @@ from spark_cluster import free_port
 
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
 CONNECT = "hvd_on_spark_connect"  # dags/hvd_connect_dags.py: HorovodRunnerOperator on a spark_connect connection
+DURABLE, DEFERRED = "durable_training", "deferred_training"  # dags/hvd_durable_dags.py: runs outliving the task
 DAGS = [
     *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry", CONNECT),
     "hvd_mlflow_killed_hard",
+    *(DURABLE, DEFERRED),
 ]
 
 
@@ -40,7 +43,7 @@ def hosts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def airflow(standalone_cluster, hosts, connect_local, mlflow_server, postgres, tmp_path_factory, request):
+def airflow(standalone_cluster, hosts, connect_durable, mlflow_server, postgres, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("airflow-deployment")
     # a spark connection as the connection form invites: the scheme in Host, the port in its own field
     spark_default = {
@@ -53,7 +56,8 @@ def airflow(standalone_cluster, hosts, connect_local, mlflow_server, postgres, t
     env = {
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
         "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
-        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_local.replace("sc://", "spark-connect://"),  # the URI form
+        # the URI form; a server on local[3]: a run that outlives its task holds a slot for its host
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_durable.url.replace("sc://", "spark-connect://"),
         "MLFLOW_TRACKING_URI": mlflow_server,  # for the tasks with mlflow=True
     }
     if hosts is not None:  # the driver, in the task's process, listens on the bridge the hosts reach
@@ -127,14 +131,14 @@ def test_an_unreachable_master_fails_with_one_sentence(airflow, runs):
     assert "\tat " not in text and "Py4J" not in text, text  # no JVM stack trace
 
 
-def test_a_task_on_a_spark_connect_connection_runs_its_ranks_over_the_server(airflow, connect_local):
+def test_a_task_on_a_spark_connect_connection_runs_its_ranks_over_the_server(airflow, connect_durable):
     run_id = airflow.trigger(CONNECT)
     state = airflow.wait_for_run(CONNECT, run_id, timeout=240)
     records = airflow.task_log(CONNECT, run_id, "allreduce")
     assert state == "success", log_text(records)
     assert airflow.xcom(CONNECT, run_id, "allreduce") == {"size": 2, "sum": 3.0}
     events = event_lines(records)
-    server = connect_local.removeprefix("sc://")
+    server = connect_durable.url.removeprefix("sc://")
     ran_over = f"Running over Spark Connect at {server}: application local-"
     assert any(line.startswith(ran_over) for line in events), log_text(records)
     # the server's UI is off: no link, and the log says why
@@ -229,3 +233,119 @@ def test_a_task_runs_its_ranks_on_the_spark_workers_of_two_hosts(airflow, hosts)
 def active_apps(cluster) -> list[str]:
     with urllib.request.urlopen(f"{cluster.web_ui}/json/", timeout=5) as resp:
         return [app["name"] for app in json.load(resp)["activeapps"]]
+
+
+# --- runs that outlive the task (dags/hvd_durable_dags.py; docs/durable-runs.md) ---
+
+
+@pytest.fixture
+def training(airflow, tmp_path):
+    """Trigger a DAG of dags/hvd_durable_dags.py; its ranks' pid files and the gate that ends their training."""
+    pid_dir, gate = tmp_path / "pids", tmp_path / "gate"
+    pid_dir.mkdir()
+    started = []
+
+    def trigger(dag_id: str) -> tuple[str, list[int]]:
+        run_id = airflow.trigger(dag_id, {"pid_dir": str(pid_dir), "gate": str(gate)})
+        started.append((dag_id, run_id))
+        try:
+            return run_id, wait_for_pids(str(pid_dir), 2, timeout=180)
+        except TimeoutError:
+            pytest.fail(log_text(airflow.task_log(dag_id, run_id, "train")))
+
+    trigger.gate = gate  # type: ignore[attr-defined]
+    trigger.pid_dir = pid_dir  # type: ignore[attr-defined]
+    yield trigger
+    gate.touch()  # a run a failure left ends too, before the next test's needs the server's task slots
+    for dag_id, run_id in started:
+        airflow.wait_for_run(dag_id, run_id, timeout=120)
+
+
+def starts_per_rank(pid_dir: Path) -> dict[str, list[str]]:
+    return {path.name: path.read_text().split() for path in sorted(pid_dir.glob("rank-*.pids"))}
+
+
+def wait_for_log(airflow, dag_id: str, run_id: str, text: str, try_number: int, timeout: float = 180.0) -> str:
+    """The task log's text of ``try_number`` once it holds ``text``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            logged = log_text(airflow.task_log(dag_id, run_id, "train", try_number))
+        except AssertionError:  # the try has not started yet
+            logged = ""
+        if text in logged:
+            return logged
+        assert time.monotonic() < deadline, f"no {text!r} in try {try_number}'s log:\n{logged[-3000:]}"
+        time.sleep(0.5)
+
+
+def ranks_end_within(pids: list[int], seconds: float) -> list[int]:
+    """The ranks still alive after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.2)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(airflow, training, how):
+    """SIGKILL of the task's process (a lost worker, the OOM killer), or SIGTERM with the task still running (a
+    worker's graceful shutdown: the task detaches): the retry attaches to the same run, whose ranks never
+    restarted, and pushes rank 0's value."""
+    run_id, pids = training(DURABLE)
+    first = wait_for_log(airflow, DURABLE, run_id, "[rank 1] rank 1 step 2", 1)
+    submitted = re.search(r"Submitted the run: (\{.*?\}) \(a retry", first)
+    assert submitted, first
+    stored = airflow._json("GET", f"{airflow._ti_path(DURABLE, run_id, 'train')}/state-store")["task_state_store"]
+    assert {entry["key"]: entry["value"] for entry in stored}["hvd_job_id"] == submitted.group(1), stored
+    task_pid = airflow.task_instance(DURABLE, run_id, "train")["pid"]
+    assert task_pid and "airflow" in Path(f"/proc/{task_pid}/cmdline").read_text(), task_pid
+    os.kill(task_pid, getattr(signal, how))
+    second = wait_for_log(airflow, DURABLE, run_id, "Attached to the run an earlier try submitted", 2)
+    if how == "SIGTERM":
+        first = log_text(airflow.task_log(DURABLE, run_id, "train", 1))
+        assert "The worker is shutting down: detaching from the run, which goes on for the retry" in first, first
+    assert all(alive(pid) for pid in pids), "a rank ended with the task's lost try"
+    wait_for_log(airflow, DURABLE, run_id, "rank 0 step", 2)  # the ranks' later lines, in the retry's log
+    training.gate.touch()
+    assert airflow.wait_for_run(DURABLE, run_id, timeout=120) == "success", log_text(
+        airflow.task_log(DURABLE, run_id, "train", 2)
+    )
+    second = log_text(airflow.task_log(DURABLE, run_id, "train", 2))
+    assert "[rank 0] rank 0 passed the gate at step" in second, second
+    assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}  # one start each
+    value = airflow.xcom(DURABLE, run_id, "train")
+    assert value["pid"] == pids[0] and value["total"] >= 2 * 2, value
+
+
+def test_marking_a_durable_task_failed_ends_every_rank_within_10s(airflow, training):
+    run_id, pids = training(DURABLE)
+    wait_for_log(airflow, DURABLE, run_id, "[rank 1] rank 1 step 1", 1)
+    airflow.mark_failed(DURABLE, run_id, "train")
+    assert not ranks_end_within(pids, 10), "ranks outlived the task marked failed"
+    assert airflow.wait_for_run(DURABLE, run_id, timeout=60) == "failed"
+
+
+def test_a_deferrable_task_is_deferred_while_it_trains_and_marking_it_failed_ends_every_rank(airflow, training):
+    run_id, pids = training(DEFERRED)
+    deadline = time.monotonic() + 60
+    while (state := airflow.task_instance(DEFERRED, run_id, "train")["state"]) != "deferred":
+        assert time.monotonic() < deadline, f"the task is {state}, not deferred, while its run trains"
+        time.sleep(0.5)
+    logged = wait_for_log(airflow, DEFERRED, run_id, "[rank 1] rank 1 step 3", 1)  # relayed by the trigger
+    assert "Submitted the run: {" in logged, logged
+    airflow.mark_failed(DEFERRED, run_id, "train")
+    assert not ranks_end_within(pids, 10), "ranks outlived the deferred task marked failed"
+
+
+def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, training):
+    run_id, pids = training(DEFERRED)
+    wait_for_log(airflow, DEFERRED, run_id, "[rank 0] rank 0 step 1", 1)
+    assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
+    training.gate.touch()
+    state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
+    logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))
+    assert state == "success", logged
+    assert "[rank 1] rank 1 passed the gate at step" in logged, logged
+    assert airflow.xcom(DEFERRED, run_id, "train")["pid"] == pids[0]
+    assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}

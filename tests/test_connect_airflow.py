@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from urllib.parse import urlparse
 
@@ -18,10 +19,11 @@ pytestmark = pytest.mark.usefixtures("airflow_db")
 
 @pytest.fixture(scope="module")
 def connect_with_ui(tmp_path_factory):
-    """A Spark Connect server on ``local[2]`` whose application has its UI on (``connect_local``'s is off)."""
+    """A Spark Connect server on ``local[3]`` whose application has its UI on (``connect_local``'s is off): 2 ranks
+    and the host of a run that outlives its task (durable, the default on Spark Connect)."""
     from connect_server import ConnectServer
 
-    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-ui"), "local[2]", **{"spark.ui.enabled": "true"})
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-ui"), "local[3]", **{"spark.ui.enabled": "true"})
     yield server.start()
     server.stop()
 
@@ -72,8 +74,15 @@ def test_an_operator_on_a_spark_connect_connection_runs_over_the_server(
     with urllib.request.urlopen(link.replace("/jobs/", "/api/v1/applications"), timeout=10) as resp:
         assert [app["id"] for app in json.load(resp)] == [app_id]
     assert ConnectSession.getActiveSession() is None and ConnectSession._default_session is None
-    used, closed = sessions(connect_with_ui)  # the server closed the task's session (spark.stop() released it)
-    assert len(used) == 1 and closed == used, (used, closed)
+    # durable: the task submitted the run, which outlives the task's process, and attached to it
+    assert "Submitted the run: {" in task_log, task_log[-3000:]
+    # the server closes every session: the task's (spark.stop() released it), and the run's and its ranks' once
+    # the run's host has handed over its outcome (it does so as the task ends)
+    deadline = time.monotonic() + 30
+    while (found := sessions(connect_with_ui))[1] != found[0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    used, closed = found
+    assert len(used) == 3 and closed == used, (used, closed)
 
 
 def test_a_torch_distributed_decorator_on_a_spark_connect_connection_runs_over_the_server(
@@ -143,7 +152,7 @@ def test_a_hook_runs_its_job_on_its_own_server_in_a_thread_that_holds_another_se
         assert ConnectSession.getActiveSession() is other  # the thread's own session is left as it was
     assert ran_in == str(connect_with_ui.workdir)
     said = runner_said(caplog, capsys)
-    assert f"a Spark barrier job of 2 tasks over Spark Connect sc://{spark_connect_default} (local[2])" in said
+    assert f"a Spark barrier job of 2 tasks over Spark Connect sc://{spark_connect_default} (local[3])" in said
 
 
 def test_a_classic_connection_runs_on_its_spark_context_in_a_thread_that_holds_a_connect_session(

@@ -105,12 +105,13 @@ def test_the_run_events_import_nothing_of_the_driver():
     assert not {name for name in GRAPH[f"{DRIVER}.events"] if name.startswith(DRIVER)}
 
 
-AIRFLOW_LAYER = ("hooks", "operators", "decorators", "plugins")
+AIRFLOW_LAYER = ("hooks", "operators", "decorators", "plugins", "triggers")
 
 
 def test_the_airflow_layer_uses_only_the_runners_public_face():
-    """hooks/, operators/, decorators/ and plugins/ import ``airflow_provider_hvd.runner`` and the modules directly
-    in it (its settings, its Spark helpers, MLflow's settings), never the driver, the agent, the rank or shared/."""
+    """hooks/, operators/, decorators/, plugins/ and triggers/ import ``airflow_provider_hvd.runner`` and the modules
+    directly in it (its settings, its Spark helpers, MLflow's settings, its jobs), never the driver, the agent, the
+    rank or shared/."""
     public = {f"{PACKAGE}.runner"} | {
         name for name, (path, is_package) in MODULES.items() if not is_package and path.parent.name == "runner"
     }

@@ -29,6 +29,7 @@ from airflow_provider_hvd.hooks.spark_connect import (
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
+from airflow_provider_hvd.runner.jobs import attach
 from airflow_provider_hvd.runner.settings import RunOptions, takes_run_settings
 from airflow_provider_hvd.runner.spark import (
     CONNECT_BIND_CONF,
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.runner import Job
+    from airflow_provider_hvd.runner.settings import ProgressSink
 
 # connection extras that are not ``spark.*`` keys, as the apache-spark provider names them
 _EXTRA_TO_CONF = {
@@ -185,6 +189,9 @@ class JobRunner(Protocol):
     def cancel(self) -> None: ...
     def _on_session(self, spark: Any) -> AbstractContextManager[None]:
         """Its runs use ``spark``, the hook's session, never the thread's active one (``runner._Runner``)."""
+
+    def _announcing(self, announce: Callable[[str], None]) -> AbstractContextManager[None]:
+        """Its runs submitted within tell ``announce`` their id before their host starts (``runner._Runner``)."""
 
 
 def differing_settings(running: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, tuple[str, str | None]]:
@@ -491,9 +498,15 @@ class HorovodHook(BaseHook):
             if shared:
                 shared_session.leave(spark)
 
-    def _run_on_connect(self, target: ConnectTarget, runner: JobRunner, job: Callable[[], Any]) -> Any:
+    def _run_on_connect(
+        self,
+        target: ConnectTarget,
+        runner: JobRunner,
+        job: Callable[[], Any],
+        around: AbstractContextManager[Any] | None = None,
+    ) -> Any:
         """``job()`` on a Spark Connect session of its own, handed to ``runner`` (pyspark makes it the thread's
-        active session only where none is), released afterwards."""
+        active session only where none is), within ``around``; the session released afterwards."""
         if self.openlineage_conf:
             self.log.warning(
                 "OpenLineage's properties of this job do not apply on Spark Connect: the server's SparkContext keeps "
@@ -508,10 +521,38 @@ class HorovodHook(BaseHook):
             self.log.info("Running over Spark Connect at %s: application %s%s", target.address, app, ui)
             if self._cancelled:  # cancel() came while the session opened
                 raise RunCancelledError("the job was cancelled before its ranks started")
-            with runner._on_session(spark), self._job_on(spark):
+            with runner._on_session(spark), self._job_on(spark), around or contextlib.nullcontext():
                 return job()
         finally:
             stop_session(spark)  # within seconds also where the server died during the job
+
+    def submit_job(
+        self, runner: JobRunner, submit: Callable[[], Job], announce: Callable[[str], None] | None = None
+    ) -> Job:
+        """Start ``submit()``, which submits ``runner``'s job, on the ``spark_connect`` connection's server; the
+        run's handle (the run goes on without this process). ``announce`` is told the run's id before its host
+        starts. The hook's own session is released once the run is submitted: the run has sessions of its own."""
+        self._runner = runner
+        if self._cancelled:
+            raise RunCancelledError("the job was cancelled before its ranks started")
+        target = self.connect_target()
+        if target is None:
+            raise LaunchError(
+                f"Connection {self.conn_id!r} is a classic Spark one: a run on it has its driver in this process and "
+                f"cannot outlive it; a run that outlives the task needs a {CONNECT_CONN_TYPE} connection."
+            )
+        announced = runner._announcing(announce) if announce is not None else contextlib.nullcontext()
+        job: Job = self._run_on_connect(target, runner, submit, announced)
+        return job
+
+    def attach_job(
+        self, job_id: str, progress_sink: ProgressSink | None = None, *, logs: bool = True, fetch: bool = True
+    ) -> Job:
+        """The handle of a run submitted on this connection's server (``airflow_provider_hvd.attach``), with the
+        connection's token; JobNotFoundError when the run has ended."""
+        target = self.connect_target()
+        token = self._connection().password if target is not None and target.has_token else None
+        return attach(job_id, token=token or None, progress_sink=progress_sink, logs=logs, fetch=fetch)
 
     @contextlib.contextmanager
     def _job_on(self, spark: SparkSession | ConnectSession) -> Iterator[None]:

@@ -45,8 +45,8 @@ class TorchDistributorOperator(TrainingJobOperator):
     ``driver_log_verbosity`` is ``"all"`` by default (PySpark's ``TorchDistributor``: every line the processes
     write reaches the task log; local processes' output always does).
 
-    Progress, resume on retry, ``on_kill``, the Spark UI link and the MLflow run are as
-    :class:`HorovodRunnerOperator`'s.
+    Progress, resume on retry, ``on_kill``, ``durable`` and ``deferrable`` (runs that outlive the task on a
+    ``spark_connect`` connection), the Spark UI link and the MLflow run are as :class:`HorovodRunnerOperator`'s.
     """
 
     kind: ClassVar[str] = "torch.distributed"
@@ -118,3 +118,6 @@ class TorchDistributorOperator(TrainingJobOperator):
         if dataframe is not None:
             return runner.train_on_dataframe(self.python_callable, dataframe, *args, **kwargs)
         return runner.run(self.python_callable, *args, **kwargs)
+
+    def submit(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        return runner.submit(self.python_callable, *args, **kwargs)

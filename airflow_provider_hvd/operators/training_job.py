@@ -5,6 +5,11 @@ arguments, context values, the task log, ``on_kill``, the task state store and r
 the XCom check, the Spark UI link, one MLflow run per try and its link); a subclass says only how its runner is
 built and whether the job runs without Spark: ``HorovodRunnerOperator`` (``operators/horovod.py``),
 ``TorchDistributorOperator`` (``operators/torch_distributor.py``).
+
+On a ``spark_connect`` connection the run outlives the task (``submit()``): durable by default (Airflow's
+``ResumableJobMixin``: the run's id in the task state store, a retry attaches to the run still training), or
+deferred (``deferrable=True``: the triggerer's :class:`~airflow_provider_hvd.triggers.training_job.TrainingJobTrigger`
+holds the link while it trains). See docs/durable-runs.md.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import BaseOperator, BaseOperatorLink
+from airflow.configuration import conf
+from airflow.sdk import BaseOperator, BaseOperatorLink, ResumableJobMixin
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
 from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, mask_credentials
@@ -24,7 +31,7 @@ from airflow_provider_hvd.operators.openlineage import (
     inject_setting,
     openlineage_properties,
 )
-from airflow_provider_hvd.runner.errors import RunCancelledError
+from airflow_provider_hvd.runner import HorovodRunnerError, Job, JobNotFoundError, RunCancelledError, RunDetachedError
 from airflow_provider_hvd.runner.settings import RunSettings, takes_run_settings, task_setting_names
 
 if TYPE_CHECKING:
@@ -62,12 +69,15 @@ class MlflowRunLink(BaseOperatorLink):
         return (run.url if isinstance(run, TryMlflowRun) else None) or ""
 
 
-class TrainingJobOperator(BaseOperator):
+class TrainingJobOperator(ResumableJobMixin, BaseOperator):
     """Run ``python_callable(*op_args, **op_kwargs)`` on a runner's processes; push rank 0's return value.
 
-    Subclasses implement :meth:`make_runner`, :meth:`runs_locally` and :meth:`start`, and name their ranks'
-    kind in :attr:`kind`. The parameters common to every runner are documented on each subclass.
+    Subclasses implement :meth:`make_runner`, :meth:`runs_locally`, :meth:`start` and :meth:`submit`, and name
+    their ranks' kind in :attr:`kind`. The parameters common to every runner are documented on each subclass.
     """
+
+    #: the task state store's key of the submitted run's id (``job.id``); a retry attaches to that run
+    external_id_key = "hvd_job_id"
 
     #: the ranks' kind, in messages ("the task was killed; every Horovod rank was ended")
     kind: ClassVar[str] = "training"
@@ -98,6 +108,7 @@ class TrainingJobOperator(BaseOperator):
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
         dataframe: str | Callable[[SparkSession], DataFrame] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         # the run settings a task takes (RunSettings), checked at parse time, not when the task runs; each is an
@@ -124,11 +135,20 @@ class TrainingJobOperator(BaseOperator):
             )
         self.dataframe_sql = dataframe if isinstance(dataframe, str) else None
         self.dataframe_factory: Callable[[Any], Any] | None = None if isinstance(dataframe, str) else dataframe
+        self.deferrable = bool(deferrable)
         self.spark_ui_url: str | None = None
         self.mlflow_run: TryMlflowRun | None = None
         self._hook: HorovodHook | None = None
         self._runner: JobRunner | None = None
         self._killed = False
+        # a run that outlives the task (submit()): its handle, and what its end left
+        self._job: Job | None = None
+        self._leaving = False  # on_kill() on a worker that shuts down: detach, the retry attaches
+        self._ti: Any = None
+        self._progress: TaskStateProgress | None = None
+        self._job_call: Callable[[], Job] | None = None
+        self._value: Any = None
+        self._checkpoint: dict[str, Any] | None = None
 
     def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
         super().render_template_fields(context, jinja_env)
@@ -151,6 +171,11 @@ class TrainingJobOperator(BaseOperator):
     def start(self, runner: JobRunner, args: list[Any], kwargs: dict[str, Any], dataframe: DataFrame | None) -> Any:
         """Run the job on ``runner`` (:meth:`make_runner`'s): ``python_callable(*args, **kwargs)`` on every
         rank, with ``dataframe``'s rows shared out among them where there is one; return rank 0's value."""
+        raise NotImplementedError
+
+    def submit(self, runner: JobRunner, args: list[Any], kwargs: dict[str, Any]) -> Job:
+        """Submit the job on ``runner`` (over Spark Connect): ``python_callable(*args, **kwargs)`` on every rank,
+        supervised inside the cluster; its handle."""
         raise NotImplementedError
 
     def _check_dataframe_runs_on_spark(self, local: bool) -> None:
@@ -223,17 +248,160 @@ class TrainingJobOperator(BaseOperator):
             resume_from=progress.last_checkpoint() if progress else None,
             progress_sink=progress,
         )
+        self._ti, self._progress = context.get("ti"), progress
+        self._job_call = lambda: self.submit(runner, self.op_args, kwargs)
+        outlives = self._outlives_task(local)
+        if outlives and self.deferrable:
+            self._defer_on_trigger(context)
         try:
-            value = self._hook.run_job(runner, lambda: self._start(runner, kwargs), local=local)
+            if outlives:
+                value = self.execute_resumable(context)
+            else:
+                value = self._hook.run_job(runner, lambda: self._start(runner, kwargs), local=local)
+                self._checkpoint = runner.checkpoint
         finally:
             self.spark_ui_url = self._hook.ui_url
-        if self._killed:  # Airflow lets execute go on after on_kill(): the task must not end as a success
+        return self._succeeded(value, progress)
+
+    def _succeeded(self, value: Any, progress: TaskStateProgress | None) -> Any:
+        if self._killed and not self._leaving:  # Airflow lets execute go on after on_kill(): not a success
             raise RunCancelledError(f"the task was killed; every {self.kind} rank was ended")
         if progress is not None:  # the training succeeded, whatever becomes of its value
-            progress.mark_finished(runner.checkpoint)
+            progress.mark_finished(self._checkpoint)
         if self.do_xcom_push:
             self._check_xcom_value(value)
         return value
+
+    # --- a run that outlives the task: on Spark Connect (docs/durable-runs.md) ---
+
+    def _outlives_task(self, local: bool) -> bool:
+        """Whether the run is submitted to outlive the task: durable or deferrable, on a ``spark_connect``
+        connection, without what a submitted run does not do yet (``dataframe=``, ``mlflow=``); refused in one
+        sentence where ``deferrable=True`` asks for what cannot be."""
+        assert self._hook is not None
+        if not (self.durable or self.deferrable):
+            return False
+        connect = not local and self._hook.connect_target() is not None
+        why_not = None
+        if local:
+            why_not = "its ranks run on the worker's processes, without Spark"
+        elif not connect:
+            why_not = (
+                f"connection {self.conn_id!r} is a classic Spark one, whose run has its driver in the task's process "
+                "(client mode)"
+            )
+        elif self.dataframe_sql is not None or self.dataframe_factory is not None:
+            why_not = "a run with dataframe= is not submitted to outlive the task yet"
+        elif self.mlflow is not None:
+            why_not = "a run with mlflow= is not submitted to outlive the task yet (one MLflow run across tries)"
+        if why_not is None:
+            return True
+        if self.deferrable:
+            raise AirflowException(
+                f"Task {self.task_id!r}: deferrable=True needs a run that outlives the task, and {why_not}: use a "
+                "spark_connect connection, or deferrable=False."
+            )
+        if connect:  # durable by default on Spark Connect: say why this one is not
+            self.log.warning("Task %r runs in the task's process, not durably: %s", self.task_id, why_not)
+        return False
+
+    def submit_job(self, context: Context) -> str:
+        assert self._hook is not None and self._runner is not None and self._job_call is not None
+        store = context.get("task_state_store")
+        announce = (lambda job_id: store.set(self.external_id_key, job_id)) if store is not None else None
+        self._job = self._hook.submit_job(self._runner, self._job_call, announce)
+        self.log.info("Submitted the run: %s (a retry of this task attaches to it)", self._job.id)
+        return self._job.id
+
+    def get_job_status(self, external_id: Any, context: Context) -> str:
+        """``"running"`` when the run of an earlier try is attached to (its host still holds it), else
+        ``"ended"``: a new run starts, from the last checkpoint where there is one."""
+        assert self._hook is not None
+        try:
+            self._job = self._hook.attach_job(str(external_id), self._progress)
+        except JobNotFoundError as exc:
+            self.log.warning("The run an earlier try submitted cannot be attached to: %s A new run starts.", exc)
+            return "ended"
+        self.log.info("Attached to the run an earlier try submitted: %s", external_id)
+        return "running"
+
+    def is_job_active(self, status: str) -> bool:
+        return status == "running"
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return False  # an ended run's outcome went to the client that fetched it: never skip the run
+
+    def poll_until_complete(self, external_id: Any, context: Context) -> Any:
+        """Rank 0's value once the run ends (the ranks' lines in the task log meanwhile); the run's error."""
+        job = self._job
+        assert job is not None
+        if self._killed:  # on_kill() came while the run was submitted or attached
+            self._kill_or_leave(job)
+        try:
+            self._value = job.wait()
+        except RunDetachedError:
+            raise AirflowException(
+                f"The worker is shutting down while task {self.task_id!r} runs: the task detached from its run, "
+                f"which goes on; the task's retry attaches to it ({job.id})."
+            ) from None
+        except HorovodRunnerError:
+            raise
+        except BaseException:  # the task's timeout, an interrupt: nothing goes on training unseen
+            job.cancel()
+            raise
+        finally:
+            self._checkpoint = job.checkpoint
+        return self._value
+
+    def get_job_result(self, external_id: Any, context: Context) -> Any:
+        return self._value
+
+    def _kill_or_leave(self, job: Job) -> None:
+        """A user's mark-failed or clear ends the run; a worker's graceful shutdown leaves it to the retry. Both
+        arrive as SIGTERM: the task instance's state tells them apart (still ``running`` for a shutdown)."""
+        if self._still_running():
+            self._leaving = True
+            self.log.warning("The worker is shutting down: detaching from the run, which goes on for the retry")
+            job.close()
+        else:
+            job.cancel()
+
+    def _still_running(self) -> bool:
+        ti = self._ti
+        try:
+            states = ti.get_task_states(
+                dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+            )
+        except Exception:  # noqa: BLE001 - no answer: end the run rather than leave it training
+            return False
+        key = ti.task_id if (ti.map_index or -1) < 0 else f"{ti.task_id}_{ti.map_index}"
+        return bool(states.get(ti.run_id, {}).get(key) == "running")
+
+    def _defer_on_trigger(self, context: Context) -> None:
+        """Submit (or find the earlier try's run) and defer: the trigger holds the link while the run trains."""
+        from airflow_provider_hvd.triggers.training_job import TrainingJobTrigger
+
+        store = context.get("task_state_store")
+        job_id = store.get(self.external_id_key) if store is not None else None
+        if not job_id or self.get_job_status(job_id, context) != "running":
+            job_id = self.submit_job(context)
+        assert self._job is not None
+        self._job.close()  # detached: the trigger attaches
+        self.defer(
+            trigger=TrainingJobTrigger(str(job_id), self.conn_id, self.kind),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Back on a worker once the run ended: its outcome (rank 0's value, or its error) from its host."""
+        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
+        self._ti, self._progress = context.get("ti"), self._task_state_progress(context)
+        job_id = event["job_id"]
+        try:
+            self._job = self._hook.attach_job(job_id, self._progress, logs=False)
+        except JobNotFoundError as exc:
+            raise AirflowException(f"Task {self.task_id!r}: the run ended, but its outcome is gone: {exc}") from None
+        return self._succeeded(self.poll_until_complete(job_id, context), self._progress)
 
     def _start(self, runner: JobRunner, kwargs: dict[str, Any]) -> Any:
         """:meth:`start`, with the DataFrame built in the session the hook runs the job on."""
@@ -293,6 +461,9 @@ class TrainingJobOperator(BaseOperator):
 
     def on_kill(self) -> None:
         self._killed = True
+        if self._job is not None:
+            self._kill_or_leave(self._job)
+            return
         hook = self._hook
         if hook is not None:  # (None: execute has not made it yet, and sees the flag once it has)
             hook.cancel()

@@ -21,6 +21,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.models.task_state_store import TaskStateStoreModel
 from airflow.models.taskinstance import TaskInstance
+from airflow.models.xcom import XComModel
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy import select
@@ -99,6 +100,16 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
     return {row.key: json.loads(row.value) for row in rows}
 
 
+def _deferred_progress(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
+    """The progress a deferred task's trigger writes as its XComs (a trigger has no task state store)."""
+    rows = session.execute(
+        select(XComModel.key, XComModel.value).where(
+            *_of_task(XComModel, dag_id, run_id, task_id, map_index), XComModel.key.in_([METRICS_KEY, CHECKPOINT_KEY])
+        )
+    ).all()
+    return {row.key: XComModel.deserialize_value(row) for row in rows}
+
+
 def _text(value: object) -> str:
     """A stored value as HTML text: every value the page shows comes from the store, which any task can write."""
     return escape(str(value))
@@ -129,6 +140,8 @@ def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int)
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"No task instance {dag_id}/{run_id}/{task_id}[{map_index}]")
     state = str(ti.state.value if hasattr(ti.state, "value") else ti.state or "none")
     entries = _entries(session, dag_id, run_id, task_id, map_index)
+    if state == "deferred":  # the run trains while its trigger holds the link (deferrable=True)
+        entries.update(_deferred_progress(session, dag_id, run_id, task_id, map_index))
     metrics, checkpoint = entries.get(METRICS_KEY), entries.get(CHECKPOINT_KEY)
     mlflow_link = _mlflow_link(entries.get(MLFLOW_KEY))
     parts = [

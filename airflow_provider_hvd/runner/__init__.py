@@ -13,6 +13,7 @@ from .errors import (
     LaunchError,
     RankFailedError,
     RunCancelledError,
+    RunDetachedError,
     RunStalledError,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "RunCancelledError",
+    "RunDetachedError",
     "RunStalledError",
     "TorchDistributor",
     "attach",

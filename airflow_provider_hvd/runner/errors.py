@@ -15,6 +15,11 @@ class RunCancelledError(HorovodRunnerError):
     """The run was cancelled with :meth:`HorovodRunner.cancel`; every rank was ended."""
 
 
+class RunDetachedError(HorovodRunnerError):
+    """``job.close()`` detached this process from a submitted run while it waited: the run goes on (``attach()``
+    finds it again until its ``detached_timeout``)."""
+
+
 class JobNotFoundError(HorovodRunnerError, LookupError):
     """``attach()`` found no run for the id: it ended (its host released its session), or the id is unknown."""
 

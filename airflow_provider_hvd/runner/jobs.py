@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import HorovodRunnerError, JobNotFoundError
+from .errors import HorovodRunnerError, JobNotFoundError, RunDetachedError
 from .shared.liveness import Liveness
 from .shared.timing import HOST_START_TIMEOUT_S
 
@@ -83,7 +83,8 @@ class Job:
 
     While attached, the ranks' lines and the runner's messages reach this process's loggers as ``run()``'s do,
     and progress its ``progress_sink``. :meth:`close` (or leaving a ``with``) detaches: the run goes on, and ends
-    itself once nobody has been attached for its ``detached_timeout``.
+    itself once nobody has been attached for its ``detached_timeout``. A handle that does not ``fetch`` only
+    watches: :meth:`watch` says when the run ended and leaves its outcome on the host for a fetching one.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class Job:
         address: LinkAddress,
         progress_sink: ProgressSink | None = None,
         logs: bool = True,
+        fetch: bool = True,
     ) -> None:
         self._ident = ident
         self.id = ident.dumps()
@@ -100,9 +102,11 @@ class Job:
         self._address = address
         self._sink = progress_sink
         self._logs = logs
+        self._fetch = fetch
         self._client: LinkClient | None = None
         self._value: Any = None
         self._finished = False
+        self._detached = False  # close() came: a wait ends with RunDetachedError, not a re-attach
         #: after the outcome: the metrics history ``{"loss": [(step, value), ...]}`` and the last checkpoint
         self.metrics: dict[str, list[tuple[float, float | None]]] = {}
         self.checkpoint: dict[str, Any] | None = None
@@ -111,7 +115,7 @@ class Job:
         from .durable.client import LinkClient
 
         liveness = Liveness(self._address.interval_s, self._address.timeout_s)
-        client = LinkClient(self._address, liveness, self._logs, self._sink, after)
+        client = LinkClient(self._address, liveness, self._logs, self._sink, after, self._fetch)
         client.connect()
         self._client = client
 
@@ -121,19 +125,45 @@ class Job:
         with the run still going on (it goes on)."""
         from .driver.watch.channel import rank_logs_visible
 
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._fetch:
+            raise HorovodRunnerError(f"{self._ident.describe()}: this handle only watches (fetch=False): use watch()")
         with rank_logs_visible():
-            while not self._finished:
-                client = self._require_client()
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not client.ended.wait(left):
-                    raise TimeoutError(f"{self._ident.describe()} is still running after {timeout:g}s")
-                if client.outcome is None:
-                    left = HOST_START_TIMEOUT_S if deadline is None else max(0.0, deadline - time.monotonic())
-                    self._reattach(client, min(HOST_START_TIMEOUT_S, left))
-                    continue
-                self._finish(client)
+            if not self._finished:
+                self._finish(self._until_outcome(timeout))
         return self._value
+
+    def watch(self, timeout: float | None = None) -> JobStatus:
+        """Relay the run's lines and progress until it ended, and return its last status (``cause``: what it
+        ended with); its outcome stays on the host for a handle that fetches it (:meth:`wait`). The errors of
+        :meth:`wait` but the run's own."""
+        from .driver.watch.channel import rank_logs_visible
+
+        with rank_logs_visible():
+            client = self._until_outcome(timeout)
+        assert client.outcome is not None
+        error = client.outcome.error
+        size = client.status.size if client.status is not None else 0
+        started = client.status.ranks_started if client.status is not None else 0
+        return JobStatus("ended", started, size, None if error is None else str(error["message"]).splitlines()[0])
+
+    def _until_outcome(self, timeout: float | None) -> LinkClient:
+        """The client once the outcome came to it, re-attaching where the link was lost before."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            client = self._require_client()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not client.ended.wait(left):
+                raise TimeoutError(f"{self._ident.describe()} is still running after {timeout:g}s")
+            if client.outcome is not None:
+                return client
+            if self._detached:
+                raise RunDetachedError(
+                    f"{self._ident.describe()}: detached from it (job.close()); it goes on, and attach() finds it "
+                    f"again until nobody has been attached for its detached_timeout of "
+                    f"{self._ident.detached_timeout:g}s"
+                )
+            left = HOST_START_TIMEOUT_S if deadline is None else max(0.0, deadline - time.monotonic())
+            self._reattach(client, min(HOST_START_TIMEOUT_S, left))
 
     def _finish(self, client: LinkClient) -> None:
         from .durable.outcome_parts import rebuild_error
@@ -141,7 +171,7 @@ class Job:
 
         outcome = client.outcome
         assert outcome is not None
-        self.close()  # the host releases the run's session now: nothing here is needed any more
+        self._release()  # the host releases the run's session now: nothing here is needed any more
         self.metrics = {name: [(float(p[0] or 0), p[1]) for p in points] for name, points in outcome.metrics.items()}
         self.checkpoint = None if outcome.checkpoint is None else {"try_number": None, **outcome.checkpoint}
         if outcome.error is not None:
@@ -202,7 +232,12 @@ class Job:
                 _release_ranks(self._session, str(ranks_id))
 
     def close(self) -> None:
-        """Detach from the run (it goes on)."""
+        """Detach from the run (it goes on); a :meth:`wait` or :meth:`watch` in another thread (or the signal
+        handler's caller) raises RunDetachedError."""
+        self._detached = True
+        self._release()
+
+    def _release(self) -> None:
         if self._client is not None:
             self._client.close()
         _close_channel(self._session)
@@ -311,6 +346,7 @@ def attach(
     token: str | None = None,
     progress_sink: ProgressSink | None = None,
     logs: bool = True,
+    fetch: bool = True,
 ) -> Job:
     """The handle of a submitted run, in any process, from its ``job.id``.
 
@@ -319,6 +355,8 @@ def attach(
     :param progress_sink: where the run's metrics and checkpoints go while attached.
     :param logs: relay the ranks' lines and the runner's messages to this process's loggers (they resume after
         the last line any client relayed); False for a client that only cancels or waits.
+    :param fetch: False for a handle that only watches the run (:meth:`Job.watch`) and leaves its outcome to a
+        later one (Airflow's trigger, then the task resumed on a worker).
 
     Raises :class:`JobNotFoundError` for an ended run (its session released) or an unknown id, and ValueError
     for what is not a run's id.
@@ -329,7 +367,7 @@ def attach(
     session = open_session(ident.connection(token), ident.session_id)
     try:
         address = find_link(session, ident, HOST_START_TIMEOUT_S)
-        job = Job(ident, session, address, progress_sink, logs)
+        job = Job(ident, session, address, progress_sink, logs, fetch)
         try:
             job._connect()
         except OSError as exc:

@@ -91,6 +91,7 @@ class _Runner:
     _started_a_run = False
     _cancel_first_run = False  # cancel() came before the first run
     _session: SparkSession | None = None  # the session runs use (the Airflow hook's); None: the active one
+    _announce: Callable[[str], None] | None = None  # told a submitted run's id before its host starts
 
     @contextlib.contextmanager
     def _on_session(self, spark: SparkSession) -> Iterator[None]:
@@ -101,6 +102,16 @@ class _Runner:
             yield
         finally:
             self._session = None
+
+    @contextlib.contextmanager
+    def _announcing(self, announce: Callable[[str], None]) -> Iterator[None]:
+        """Runs submitted within tell ``announce`` their ``job.id`` before their host starts (the Airflow
+        operator keeps it in the task state store: a worker lost at any moment after leaves a findable run)."""
+        self._announce = announce
+        try:
+            yield
+        finally:
+            self._announce = None
 
     def _spark(self) -> SparkSession:
         """The session a Spark run uses: the one handed to :meth:`_on_session`, else the active one."""
@@ -279,7 +290,14 @@ class _Runner:
                 settings.detached_timeout,
                 CodeFiles(main, args, kwargs),
             )
-            return submit_run(spark, spec, payload, settings.progress_sink, lambda: run.cancelled)  # type: ignore[arg-type]
+            return submit_run(
+                spark,  # type: ignore[arg-type]
+                spec,
+                payload,
+                settings.progress_sink,
+                lambda: run.cancelled,
+                self._announce,
+            )
 
     def _size(self) -> int:
         """How many ranks a Spark run has."""
@@ -360,6 +378,11 @@ class HorovodRunner(_Runner):
         """:meth:`run` with positional arguments too: ranks call ``main(*args, **kwargs)``."""
         check_fits(main, args, kwargs)
         return self._run_job(main, args, kwargs)
+
+    def submit_with_args(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Job:
+        """:meth:`submit` with positional arguments too: ranks call ``main(*args, **kwargs)``."""
+        check_fits(main, args, kwargs)
+        return self._submit_job(main, args, kwargs)
 
     def run_on_dataframe(self, main: Callable[..., Any], df: DataFrame, /, **kwargs: Any) -> Any:
         """:meth:`run`, with the rows of ``df`` (a DataFrame of the run's session) shared out among the ranks:

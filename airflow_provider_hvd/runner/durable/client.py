@@ -7,6 +7,7 @@ interval. The link is lost when the host says nothing for the heartbeat timeout,
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import socket
 import threading
@@ -32,11 +33,13 @@ class LinkClient:
         logs: bool = True,
         progress_sink: ProgressSink | None = None,
         after: int | None = None,
+        fetch: bool = True,
     ) -> None:
         self.address = address
         self._liveness = liveness
         self._logs = logs
         self._sink = progress_sink
+        self._fetch = fetch  # False: a watcher, which leaves the outcome on the host for a later client
         self.next_line = after  # the next line this client relays (None: where the host says)
         self.status: link.Status | None = None
         self.outcome: link.Outcome | None = None
@@ -51,8 +54,11 @@ class LinkClient:
         self._sock, self._stream = link.connect_link(self.address)
         link.send(self._stream, link.Attach(self._logs, self.next_line))
         self._sock.settimeout(self._liveness.timeout_s)
-        threading.Thread(target=self._read, name="hvd-job-link", daemon=True).start()
-        threading.Thread(target=self._beat, name="hvd-job-heartbeat", daemon=True).start()
+        # in the attaching thread's context: its log context (Airflow's triggerer routes a trigger's lines by it)
+        reader = contextvars.copy_context().run
+        threading.Thread(target=reader, args=(self._read,), name="hvd-job-link", daemon=True).start()
+        beater = contextvars.copy_context().run
+        threading.Thread(target=beater, args=(self._beat,), name="hvd-job-heartbeat", daemon=True).start()
 
     def send(self, message: Message) -> None:
         assert self._stream is not None
@@ -80,7 +86,8 @@ class LinkClient:
                     self.outcome = message
                     if message.error is None:
                         self.result = bytes(self._stream.recv()[1])  # (LINK_RESULT: rank 0's pickled value)
-                    self.send(link.Fetched())
+                    if self._fetch:
+                        self.send(link.Fetched())
                     self.ended.set()
                     return
         except TimeoutError:

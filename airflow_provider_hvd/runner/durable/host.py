@@ -25,7 +25,7 @@ from ..errors import RunCancelledError
 from ..shared.liveness import Liveness
 from ..shared.messages import Message
 from ..shared.naming import RunnerNaming
-from ..shared.timing import SESSION_KEEPALIVE_S
+from ..shared.timing import CANCELLED_OUTCOME_GRACE_S, SESSION_KEEPALIVE_S
 from ..shared.tls import RunCertificate
 from ..shared.wire import AuthenticationError, FrameStream, Pieces, new_secret
 from . import link
@@ -304,8 +304,11 @@ class Host:
 
     def _keep_outcome(self) -> None:
         """Until a client fetched the outcome and every attached one has it, or nobody was attached for
-        ``detached_timeout``."""
+        ``detached_timeout``; a cancelled run's, for the clients attached now only (``CANCELLED_OUTCOME_GRACE_S``)."""
+        grace_over = time.monotonic() + CANCELLED_OUTCOME_GRACE_S
         while not self.fetched.wait(0.2):
+            if self._cancel_asked and time.monotonic() > grace_over:
+                return
             if self.lease_over():
                 log.warning(
                     "%s: nobody fetched the run's outcome within %gs (detached_timeout): it is dropped",

@@ -71,8 +71,10 @@ def submit_run(
     payload: bytes,
     progress_sink: ProgressSink | None,
     cancelled: Callable[[], bool],
+    announce: Callable[[str], None] | None = None,
 ) -> Job:
-    """Start the run's host on the server of ``spark`` and return the run's handle, attached."""
+    """Start the run's host on the server of ``spark`` and return the run's handle, attached; ``announce`` is
+    told the run's id before the host starts."""
     from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
     from ..driver.launch.spark.connect_client import interrupt_tag
     from ..jobs import Job, JobId
@@ -89,6 +91,12 @@ def submit_run(
     run_session.client.disable_reattachable_execute()  # an operation that outlives this process (FACTS)
     spec = dataclasses.replace(spec, connection=connection, run_session=session_id, tag=tag)
     ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
+    if announce is not None:
+        try:
+            announce(ident.dumps())
+        except BaseException:
+            release(run_session)
+            raise
     operation = _Operation(run_session, spec, payload)
     del payload
     deadline = time.monotonic() + HOST_START_TIMEOUT_S

@@ -88,7 +88,13 @@ SESSION_KEEPALIVE_S = 60.0
 # start, pyspark's imports and a Connect session of its own: seconds; a fresh server's first Python job: ~20 s).
 HOST_START_TIMEOUT_S = 120.0
 
+# A cancelled run's host keeps its outcome this long for the clients attached then (each has it within the
+# writer's wake, 0.5 s), not until one fetches it: who cancelled wants no value, and a watcher never fetches;
+# the host's task slot is free for the next run within it.
+CANCELLED_OUTCOME_GRACE_S = 5.0
+
 __all__ = [
+    "CANCELLED_OUTCOME_GRACE_S",
     "ABORT_WAIT_S",
     "CONNECT_TIMEOUT_S",
     "DEFAULT_DETACHED_TIMEOUT_S",

@@ -1,0 +1,89 @@
+"""TrainingJobTrigger: a deferred training task's link to its run, held in the triggerer while the run trains.
+
+The operator submits the run (over Spark Connect, where it outlives the task) and defers; this trigger attaches
+as a watcher: the ranks' lines go to the task log, the progress to the Training tab, and once the run ended it
+fires, leaving the run's outcome on its host for the task, resumed on a worker, to fetch. A user's mark-failed
+or clear of the deferred task ends the run (:meth:`on_kill`); a triggerer that restarts attaches again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_hvd.hooks.horovod import HorovodHook
+from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
+from airflow_provider_hvd.runner import Job, JobNotFoundError
+
+
+class XComProgress:
+    """A progress sink on the deferred task's XComs (a trigger has no task state store): the Training tab reads
+    them while the task is deferred; the task, resumed, writes the run's last progress to the store."""
+
+    def __init__(self, ti: Any) -> None:
+        self._ti = ti
+
+    def _set(self, key: str, value: dict[str, Any]) -> None:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        ti = self._ti
+        XCom.set(
+            key,
+            {**value, "try_number": ti.try_number},
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            run_id=ti.run_id,
+            map_index=ti.map_index if ti.map_index is not None else -1,
+        )
+
+    def metrics(self, snapshot: dict[str, Any]) -> None:
+        self._set(METRICS_KEY, snapshot)
+
+    def checkpoint(self, record: dict[str, Any]) -> None:
+        self._set(CHECKPOINT_KEY, record)
+
+
+class TrainingJobTrigger(BaseTrigger):
+    """Watches a submitted run (``job_id``, on the ``spark_connect`` connection ``conn_id``) until it ended.
+
+    :param job_id: the run's id (``job.id``).
+    :param conn_id: the connection the run was submitted on (its token, where it has one, attaches).
+    :param kind: the ranks' kind, in messages.
+    """
+
+    def __init__(self, job_id: str, conn_id: str, kind: str = "training") -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.job_id = job_id
+        self.conn_id = conn_id
+        self.kind = kind
+        self._job: Job | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.{type(self).__name__}", {"job_id": self.job_id, "conn_id": self.conn_id, "kind": self.kind}
+
+    def _attach(self, logs: bool) -> Job:
+        sink = XComProgress(self.task_instance) if logs and self.task_instance is not None else None
+        return HorovodHook(self.conn_id).attach_job(self.job_id, sink, logs=logs, fetch=False)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            self._job = await asyncio.to_thread(self._attach, True)  # (a thread keeps the log context)
+        except JobNotFoundError as exc:  # the task, resumed, says so
+            yield TriggerEvent({"job_id": self.job_id, "cause": str(exc)})  # type: ignore[no-untyped-call]
+            return
+        status = await asyncio.to_thread(self._job.watch)
+        yield TriggerEvent({"job_id": self.job_id, "cause": status.cause})  # type: ignore[no-untyped-call]
+
+    async def on_kill(self) -> None:
+        """The deferred task was marked failed or success, or cleared: end every rank (within seconds)."""
+        job = self._job
+        if job is None:
+            job = self._job = await asyncio.to_thread(self._attach, False)
+        await asyncio.to_thread(job.cancel)
+
+    async def cleanup(self) -> None:
+        if self._job is not None:
+            self._job.close()  # detached: the run goes on (a restarted triggerer attaches again)

@@ -1,0 +1,63 @@
+"""DAGs whose training outlives the task (a ``spark_connect`` connection): durable by default, and deferrable;
+run by the real deployment (tests/test_airflow_deployment.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+CONF = {"pid_dir": "{{ dag_run.conf['pid_dir'] }}", "gate": "{{ dag_run.conf['gate'] }}"}
+
+
+def train_until_gate(pid_dir: str, gate: str) -> dict:
+    """Each rank appends its pid to rank-N.pids (a second start of a rank adds a line) and writes rank-N.pid,
+    then "trains" (a line a step) until the file ``gate`` exists; rank 0 returns its pid and its steps."""
+    import os
+    import time
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    with open(Path(pid_dir, f"rank-{rank}.pids"), "a") as out:
+        out.write(f"{os.getpid()}\n")
+    Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
+    step, deadline = 0, time.monotonic() + 300
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        print(f"rank {rank} step {step}", flush=True)
+        step += 1
+        time.sleep(0.5)
+    total = torch.tensor([float(step)])
+    dist.all_reduce(total)
+    print(f"rank {rank} passed the gate at step {step}", flush=True)
+    dist.destroy_process_group()
+    return {"pid": os.getpid(), "steps": step, "total": total.item()}
+
+
+def trainer(task_id: str, **kwargs: object) -> TorchDistributorOperator:
+    return TorchDistributorOperator(
+        task_id=task_id,
+        python_callable=train_until_gate,
+        op_kwargs=CONF,
+        num_processes=2,
+        local_mode=False,
+        use_gpu=False,
+        conn_id="spark_connect_default",
+        retries=1,
+        retry_delay=timedelta(seconds=1),
+        **kwargs,
+    )
+
+
+with DAG("durable_training", schedule=None, start_date=START, catchup=False):
+    trainer("train")
+
+with DAG("deferred_training", schedule=None, start_date=START, catchup=False):
+    trainer("train", deferrable=True)
