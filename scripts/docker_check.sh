@@ -32,7 +32,8 @@ API=http://127.0.0.1:8080
 MASTER_UI=http://127.0.0.1:8090
 WORKERS=(spark-worker-1 spark-worker-2)
 SERVICES=(postgres airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer spark-master
-          "${WORKERS[@]}")
+          "${WORKERS[@]}" spark-connect)
+DURABLE_DAG=torch_durable_example  # on the Spark Connect server: a run that outlives its task
 RANK_PROCESS=' -m airflow_provider_hvd\.runner\.rank$'  # the rank itself, not its reaper (whose args end alike)
 LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/docker-check.XXXXXX")}
 mkdir -p "$LOG_DIR"
@@ -216,7 +217,7 @@ init=$(container_of airflow-init)
 init_rc=$("$ENGINE" wait "$init")
 [ "$init_rc" = 0 ] || { "$ENGINE" logs --tail 40 "$init" >&2; fail "airflow-init exited with $init_rc"; }
 say "starting the Airflow components and the Spark workers"
-up airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer "${WORKERS[@]}"
+up airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer "${WORKERS[@]}" spark-connect
 wait_healthy 420 "${SERVICES[@]}"
 healthy_s=$(( $(now) - t0 ))
 say "all ${#SERVICES[@]} services healthy ${healthy_s}s after the start"
@@ -277,6 +278,15 @@ case "$link" in http://spark-master:8090/*) ;; *) fail "the Spark UI link is $li
 page=$(curl -sS --fail --resolve spark-master:8090:127.0.0.1 "$link") || fail "the Spark UI link $link does not answer"
 grep -qF "$DAG.train" <<<"$page" || fail "the Spark UI link $link does not show the application $DAG.train"
 say "the Spark UI link answers: $link"
+
+# --- 4b. a run that outlives its task, on the Spark Connect server -------------------------------------------------
+api PATCH "/dags/$DURABLE_DAG" '{"is_paused": false}' >/dev/null
+durable_id=$(api POST "/dags/$DURABLE_DAG/dagRuns" '{"logical_date": null}' | json 'd["dag_run_id"]')
+durable_state=$(DAG=$DURABLE_DAG wait_for_run "$durable_id" 900)
+durable_log=$(DAG=$DURABLE_DAG task_log_text "$durable_id" train)
+[ "$durable_state" = success ] || { printf '%s\n' "$durable_log" | tail -n 60 >&2; fail "$DURABLE_DAG ended $durable_state"; }
+grep -qF "Submitted the run: {" <<<"$durable_log" || fail "$DURABLE_DAG's train task did not submit its run (durable)"
+say "$DURABLE_DAG: $durable_state, its run submitted to the Spark Connect server (durable)"
 
 # --- 5. a long training task marked failed: its ranks end on the workers ---------------------------------------
 long_id=$(api POST "/dags/$DAG/dagRuns" '{"logical_date": null, "conf": {"epochs": 100000}}' | json 'd["dag_run_id"]')

@@ -167,3 +167,25 @@ def test_a_classic_connection_runs_on_its_spark_context_in_a_thread_that_holds_a
     assert ran_in is None
     said = runner_said(caplog, capsys)
     assert "a Spark barrier job of 2 tasks on local[2]" in said and "over Spark Connect" not in said
+
+
+def test_the_durable_example_trains_in_a_run_that_outlives_its_task(dags, spark_connect_default, caplog, capsys):
+    """dags/torch_durable_example.py: DDP over the server, submitted (durable, the default on Spark Connect),
+    its id in the task state store, rank 0's metrics the XCom."""
+    run = dags["torch_durable_example"].test()
+    task_log = capsys.readouterr().out
+    assert states(run) == {"train": "success", "report": "success"}, task_log[-3000:]
+    assert xcom(run, "train")["ranks"] == 2 and xcom(run, "train")["accuracy"] >= 0.8
+    submitted = re.search(r"Submitted the run: (\{.*?\}) \(a retry", task_log)
+    assert submitted, task_log[-3000:]
+    assert any(line.startswith("[rank 0] epoch 6/6: loss=") for line in tagged_lines(caplog.records))
+
+
+def test_deferrable_on_a_classic_connection_is_refused_in_one_sentence(dags, spark_default_local, capsys):
+    run = dags["deferrable_on_classic"].test()  # (tests/dags/hvd_durable_dags.py)
+    assert states(run) == {"train": "failed"}
+    assert (
+        "Task 'train': deferrable=True needs a run that outlives the task, and connection 'spark_default' is a "
+        "classic Spark one, whose run has its driver in the task's process (client mode): use a spark_connect "
+        "connection, or deferrable=False." in capsys.readouterr().out
+    )

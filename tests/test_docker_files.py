@@ -203,3 +203,29 @@ def test_requirements_of_lists_the_core_and_the_extras(capsys):
 def test_the_check_script_is_a_make_target():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^docker-check:\n\tscripts/docker_check\.sh$", makefile, re.M)
+
+
+def test_the_connect_server_runs_on_the_cluster_with_room_for_a_durable_run_beside_the_classic_jobs(compose, dags):
+    """spark_connect_default points at the compose file's Connect server, whose application leaves the classic
+    jobs their cores, and has 2 ranks and the run's host for the example DAG that trains durably there."""
+    services = compose["services"]
+    env = services["airflow-scheduler"]["environment"]
+    conn = Connection(conn_id="spark_connect_default", **json.loads(env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]))
+    assert conn.conn_type == "spark_connect" and conn.host == f"sc://{services['spark-connect']['hostname']}"
+    command = shlex.split(services["spark-connect"]["command"])
+    assert command[:3] == ["spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    option = dict(zip(command[3::2], command[4::2], strict=True))
+    conf = dict(value.split("=", 1) for key, value in zip(command[3::2], command[4::2], strict=True) if key == "--conf")
+    assert option["--master"] == "spark://spark-master:7077"
+    assert int(conf["spark.connect.grpc.binding.port"]) == conn.port and published_ports(services["spark-connect"]) == {
+        conn.port
+    }
+    worker_cores = sum(
+        int(dict(zip(cmd[3::2], cmd[4::2], strict=True))["--cores"])
+        for cmd in (shlex.split(services[w]["command"]) for w in ("spark-worker-1", "spark-worker-2"))
+    )
+    ranks = dags["torch_durable_example"].get_task("train").num_processes
+    connect_cores = int(conf["spark.cores.max"])
+    assert connect_cores // int(conf["spark.executor.cores"]) >= ranks + 1  # the ranks and the run's host
+    assert worker_cores - connect_cores >= 2  # horovod_train_example's 2 ranks on the classic master
+    assert dags["torch_durable_example"].get_task("train").conn_id == "spark_connect_default"

@@ -36,13 +36,12 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param openlineage_inject_transport_info: give it OpenLineage's HTTP transport
         (``spark.openlineage.transport.*``; default None: ``[openlineage] spark_inject_transport_info``). Both
         need the OpenLineage provider, and apply to a session the task starts (see docs/mlflow-openlineage.md).
-    :param durable: on a ``spark_connect`` connection (default True, Airflow's ``ResumableJobMixin``): the run
-        is submitted to outlive the task, its id kept in the task state store (``hvd_job_id``), and a retry after
-        a lost worker attaches to it; a user's mark-failed or clear still ends every rank. See
-        docs/durable-runs.md.
-    :param deferrable: on a ``spark_connect`` connection: submit the run and defer while it trains, the
-        triggerer holding its link (default ``[operators] default_deferrable``); refused where the run cannot
-        outlive the task.
+
+    On a ``spark_connect`` connection the run outlives the task: ``durable`` (default True, Airflow's
+    ``ResumableJobMixin``) submits it, keeps its id in the task state store (``hvd_job_id``), and a retry after a
+    lost worker attaches to it, while a user's mark-failed or clear still ends every rank; ``deferrable`` (default
+    ``[operators] default_deferrable``) submits it and defers while it trains, the triggerer holding its link,
+    and is refused where the run cannot outlive the task. See docs/durable-runs.md.
 
     The other parameters are the run settings a task takes (those of HorovodRunner,
     :class:`~airflow_provider_hvd.runner.settings.RunSettings`; ``mlflow`` a dict, as it is templated). Beside

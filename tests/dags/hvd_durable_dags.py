@@ -1,5 +1,5 @@
 """DAGs whose training outlives the task (a ``spark_connect`` connection): durable by default, and deferrable;
-run by the real deployment (tests/test_airflow_deployment.py)."""
+run by the real deployment (tests/test_airflow_deployment.py); and a deferrable task refused on a classic one."""
 
 from __future__ import annotations
 
@@ -61,3 +61,8 @@ with DAG("durable_training", schedule=None, start_date=START, catchup=False):
 
 with DAG("deferred_training", schedule=None, start_date=START, catchup=False):
     trainer("train", deferrable=True)
+
+with DAG("deferrable_on_classic", schedule=None, start_date=START, catchup=False):
+    TorchDistributorOperator(  # on spark_default, a classic connection: refused when the task starts
+        task_id="train", python_callable=print, num_processes=2, local_mode=False, use_gpu=False, deferrable=True
+    )
