@@ -189,7 +189,9 @@ def test_result_memory_report(bench):
     ]
 
 
-@pytest.mark.parametrize("name", ["launch", "torch_launch", "connect_launch", "durable_launch", "scale", "payload"])
+@pytest.mark.parametrize(
+    "name", ["launch", "torch_launch", "connect_launch", "durable_launch", "durable_retry", "scale", "payload"]
+)
 def test_no_rounds_is_refused_before_anything_starts(bench, name, capsys):
     with pytest.raises(SystemExit) as exited:
         getattr(bench, name).main(["--repeats", "0"])

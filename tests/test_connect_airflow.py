@@ -189,3 +189,18 @@ def test_deferrable_on_a_classic_connection_is_refused_in_one_sentence(dags, spa
         "classic Spark one, whose run has its driver in the task's process (client mode): use a spark_connect "
         "connection, or deferrable=False." in capsys.readouterr().out
     )
+
+
+def test_a_dataframe_callable_over_spark_connect_trains_on_its_rows_in_the_tasks_process(
+    dags, spark_connect_default, capsys
+):
+    """dataframe= on a spark_connect connection: the DataFrame is built in the task's Connect session and its
+    rows shared out among the ranks; such a run is not submitted to outlive the task yet, and the log says so."""
+    run = dags["hvd_dataframe_over_connect"].test()  # (tests/dags/dataframe_test_dags.py)
+    task_log = capsys.readouterr().out
+    assert states(run) == {"sum_squares": "success"}, task_log[-3000:]
+    assert xcom(run, "sum_squares") == {"rank": 0, "rows": 10, "total": 2 * 285, "shard_rows": 5}
+    assert (
+        "Task 'sum_squares' runs in the task's process, not durably: a run with dataframe= is not submitted to "
+        "outlive the task yet" in task_log
+    ), task_log[-3000:]

@@ -242,6 +242,43 @@ def test_submit_and_wait_return_what_run_returns(connect_durable):
             assert other.wait(60) == job.wait()  # the first fetch does not end the host before the other has it
 
 
+def test_a_watcher_leaves_the_outcome_to_a_later_client_and_close_ends_a_wait(connect_durable, tmp_path, gate):
+    """What Airflow's deferred task does: the submitter detaches (a wait in another thread then raises
+    RunDetachedError), a watcher (fetch=False) relays the run to its end and leaves its outcome on the host, and
+    a later attach() fetches rank 0's value."""
+    from airflow_provider_hvd import RunDetachedError
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2).submit(train_until_gate, pid_dir=str(pid_dir), gate=str(gate))
+    waited: list[BaseException] = []
+    waiter = threading.Thread(target=lambda: waited.extend(catch(job.wait)), name="test-waiter")
+    waiter.start()
+    wait_for_pids(str(pid_dir), 2, timeout=120)
+    job.close()
+    waiter.join(30)
+    assert len(waited) == 1 and isinstance(waited[0], RunDetachedError), waited
+    assert "detached from it (job.close()); it goes on" in str(waited[0])
+    watcher = attach(job.id, logs=False, fetch=False)
+    with pytest.raises(Exception, match=r"this handle only watches \(fetch=False\): use watch\(\)"):
+        watcher.wait()
+    gate.touch()
+    status = watcher.watch(120)
+    watcher.close()
+    assert status.ended and status.cause is None and status.size == 2
+    value = attach(job.id, logs=False).wait(60)  # the watcher left it on the host
+    assert value["rank"] == 0 and value["steps"] >= 1
+
+
+def catch(call) -> list[BaseException]:
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the test reads which
+        return [exc]
+    return []
+
+
 def test_refusals_are_one_sentence(connect_durable):
     with pytest.raises(LaunchError, match=r"a local run lives in this process and cannot outlive it; use run\(\)"):
         HorovodRunner(np=-2).submit(allreduce_sum)

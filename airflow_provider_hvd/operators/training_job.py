@@ -374,7 +374,8 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             )
         except Exception:  # noqa: BLE001 - no answer: end the run rather than leave it training
             return False
-        key = ti.task_id if (ti.map_index or -1) < 0 else f"{ti.task_id}_{ti.map_index}"
+        mapped = ti.map_index is not None and ti.map_index >= 0  # (the API keys a mapped one task_id_index)
+        key = f"{ti.task_id}_{ti.map_index}" if mapped else ti.task_id
         return bool(states.get(ti.run_id, {}).get(key) == "running")
 
     def _defer_on_trigger(self, context: Context) -> None:

@@ -1,5 +1,5 @@
-"""DAGs with ``dataframe=`` that the tests run with dag.test(): a callable on HorovodRunnerOperator, and the
-errors of a bad SQL string and of a callable that returns no DataFrame."""
+"""DAGs with ``dataframe=`` that the tests run with dag.test(): a callable on HorovodRunnerOperator (on classic
+Spark, and over Spark Connect), and the errors of a bad SQL string and of a callable that returns no DataFrame."""
 
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ def sum_shards(scale: int) -> dict:
 with DAG("hvd_dataframe_callable", schedule=None, start_date=START, catchup=False):
     HorovodRunnerOperator(
         task_id="sum_squares", python_callable=sum_shards, op_kwargs={"scale": 2}, np=2, dataframe=squares
+    )
+
+
+with DAG("hvd_dataframe_over_connect", schedule=None, start_date=START, catchup=False):  # test_connect_airflow.py
+    HorovodRunnerOperator(
+        task_id="sum_squares",
+        python_callable=sum_shards,
+        op_kwargs={"scale": 2},
+        np=2,
+        dataframe=squares,
+        conn_id="spark_connect_default",
     )
 
 

@@ -62,6 +62,9 @@ with DAG("durable_training", schedule=None, start_date=START, catchup=False):
 with DAG("deferred_training", schedule=None, start_date=START, catchup=False):
     trainer("train", deferrable=True)
 
+with DAG("not_durable_training", schedule=None, start_date=START, catchup=False):  # benchmarks/durable_retry.py
+    trainer("train", durable=False)
+
 with DAG("deferrable_on_classic", schedule=None, start_date=START, catchup=False):
     TorchDistributorOperator(  # on spark_default, a classic connection: refused when the task starts
         task_id="train", python_callable=print, num_processes=2, local_mode=False, use_gpu=False, deferrable=True
