@@ -77,6 +77,8 @@ bench: setup
 	$(PY) benchmarks/torch_launch.py
 	$(PY) benchmarks/result_memory.py
 	$(PY) benchmarks/connect_launch.py
+	$(PY) benchmarks/durable_launch.py
+	$(PY) benchmarks/durable_retry.py
 
 # docker/ built and run for real with Docker or podman (docs/docker.md); 20-40 minutes on 2 cores, so not in `test`
 docker-check:

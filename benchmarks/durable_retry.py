@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' deployment, PostgreSQL and
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
+import contextlib  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
@@ -87,22 +88,22 @@ def main(argv: list[str] | None = None) -> int:
     dags = scratch / "dags"
     dags.mkdir()
     (dags / "hvd_durable_dags.py").symlink_to(ROOT / "tests" / "dags" / "hvd_durable_dags.py")
-    postgres = PostgresServer().start()
-    server = ConnectServer(scratch / "connect", "local[3]").start()
-    env = {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": server.url.replace("sc://", "spark-connect://")}
-    airflow = AirflowDeployment(scratch / "airflow", str(dags), postgres.create_database("bench_retry"), env)
     times: dict[str, list[float]] = {name: [] for name in DAGS}
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, ignore_errors=True)
+        postgres = PostgresServer().start()
+        stack.callback(postgres.stop)
+        (scratch / "connect").mkdir()
+        server = ConnectServer(scratch / "connect", "local[3]").start()
+        stack.callback(server.stop)
+        env = {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": server.url.replace("sc://", "spark-connect://")}
+        airflow = AirflowDeployment(scratch / "airflow", str(dags), postgres.create_database("bench_retry"), env)
+        stack.callback(airflow.stop)
         airflow.start([dag_id for dag_id, _ in DAGS.values()], timeout=300)
         for i in range(args.repeats):
             for name, (dag_id, text) in DAGS.items():
                 times[name].append(one_round(airflow, dag_id, text, scratch))
                 print(f"{name} {i + 1}/{args.repeats}: {times[name][-1]:.2f}s", file=sys.stderr, flush=True)
-    finally:
-        airflow.stop()
-        server.stop()
-        postgres.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     figures: dict[str, Any] = {
         name: {"median_s": statistics.median(runs), "min_s": min(runs), "runs": runs} for name, runs in times.items()
     }
