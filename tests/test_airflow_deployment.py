@@ -316,6 +316,11 @@ def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(ai
     assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}  # one start each
     value = airflow.xcom(DURABLE, run_id, "train")
     assert value["pid"] == pids[0] and value["total"] >= 2 * 2, value
+    # the Training tab's curve: every step of the one run, from before the loss and after, written by the retry
+    stored = airflow._json("GET", f"{airflow._ti_path(DURABLE, run_id, 'train')}/state-store")["task_state_store"]
+    metrics = {entry["key"]: entry["value"] for entry in stored}["hvd_metrics"]
+    assert metrics["try_number"] == 2
+    assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
 
 
 def test_marking_a_durable_task_failed_ends_every_rank_within_10s(airflow, training):
@@ -342,10 +347,27 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     run_id, pids = training(DEFERRED)
     wait_for_log(airflow, DEFERRED, run_id, "[rank 0] rank 0 step 1", 1)
     assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
+    # the trigger's progress, as the task's XComs (a trigger has no task state store): the Training tab's while
+    # the task is deferred
+    deadline = time.monotonic() + 60
+    while not (metrics := deferred_metrics(airflow, run_id)):
+        assert time.monotonic() < deadline, "no hvd_metrics XCom from the trigger"
+        time.sleep(0.5)
+    assert metrics["try_number"] == 1 and metrics["series"]["loss"][0][0] == 0, metrics
     training.gate.touch()
     state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
     logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))
     assert state == "success", logged
     assert "[rank 1] rank 1 passed the gate at step" in logged, logged
-    assert airflow.xcom(DEFERRED, run_id, "train")["pid"] == pids[0]
+    value = airflow.xcom(DEFERRED, run_id, "train")
+    assert value["pid"] == pids[0]
     assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
+    # resumed, the task wrote the run's last progress to the task state store: every step
+    stored = airflow._json("GET", f"{airflow._ti_path(DEFERRED, run_id, 'train')}/state-store")["task_state_store"]
+    metrics = {entry["key"]: entry["value"] for entry in stored}["hvd_metrics"]
+    assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
+
+
+def deferred_metrics(airflow, run_id: str) -> dict | None:
+    resp = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_metrics")
+    return resp.json()["value"] if resp.status_code == 200 else None
