@@ -24,10 +24,12 @@ from spark_cluster import free_port
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
 CONNECT = "hvd_on_spark_connect"  # dags/hvd_connect_dags.py: HorovodRunnerOperator on a spark_connect connection
 DURABLE, DEFERRED = "durable_training", "deferred_training"  # dags/hvd_durable_dags.py: runs outliving the task
+DATAFRAME = "torch_dataframe_example"  # dags/: dataframe= (a templated SQL string), here on the standalone cluster
 DAGS = [
     *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry", CONNECT),
     "hvd_mlflow_killed_hard",
     *(DURABLE, DEFERRED),
+    DATAFRAME,
 ]
 
 
@@ -214,6 +216,19 @@ def test_a_torch_distributed_task_names_its_failed_rank_and_resumes_on_its_retry
     assert airflow.xcom(dag_id, run_id, task_id) == {"resumed_from": 2, "size": 2}
     link = airflow.extra_links(dag_id, run_id, task_id)["Spark UI"]
     assert link.startswith(f"{standalone_cluster.web_ui}/app/?appId=app-"), link
+
+
+def test_a_task_trains_on_the_rows_of_its_dataframe_on_the_standalone_cluster(airflow, standalone_cluster):
+    run_id = airflow.trigger(DATAFRAME, {"rows": 4096})
+    state = airflow.wait_for_run(DATAFRAME, run_id, timeout=300)
+    records = airflow.task_log(DATAFRAME, run_id, "train")
+    assert state == "success", log_text(records)
+    metrics = airflow.xcom(DATAFRAME, run_id, "train")
+    assert metrics["rows"] == 4096 and metrics["shard_rows"] == 2048 and metrics["ranks"] == 2, metrics
+    assert metrics["accuracy"] > 0.8, metrics
+    assert any("trained 5 epochs on 4096 rows: accuracy=" in line for line in event_lines(records)), log_text(records)
+    link = airflow.extra_links(DATAFRAME, run_id, "train")["Spark UI"]
+    assert link.startswith(f"{standalone_cluster.web_ui}/app/?appId=app-"), link  # the cluster's, not local
 
 
 def test_a_task_runs_its_ranks_on_the_spark_workers_of_two_hosts(airflow, hosts):
