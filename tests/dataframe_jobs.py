@@ -185,3 +185,42 @@ def ask_for_a_shard() -> None:
     from airflow_provider_hvd import dataframe_shard
 
     dataframe_shard()
+
+
+def stall_after_reading() -> None:
+    """Read the shard, then say nothing: a stall (the run's ``stall_timeout`` ends it)."""
+    import time
+
+    from airflow_provider_hvd import dataframe_shard
+
+    for _ in dataframe_shard().iter_batches(16):
+        pass
+    time.sleep(300)
+
+
+def resume_on_the_shard(checkpoint_dir: str) -> dict:
+    """Each rank counts its shard's rows; the first try reports a checkpoint, then rank 1 fails; a retry resumes
+    from it (``last_checkpoint()``) and reads its shard again."""
+    import os
+
+    import torch.distributed as dist
+
+    from airflow_provider_hvd import dataframe_shard, last_checkpoint, report_checkpoint
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    rows = sum(len(batch["id"]) for batch in dataframe_shard().iter_batches(16))
+    resumed = last_checkpoint()
+    if resumed is None:
+        dist.barrier()
+        if rank == 0:
+            path = os.path.join(checkpoint_dir, "epoch-1")
+            open(path, "w").close()
+            report_checkpoint(path, epoch=1)
+        dist.barrier()
+        if rank == 1:
+            raise RuntimeError("rank 1 fails on the first try, after the checkpoint")
+    counts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, rows)
+    dist.destroy_process_group()
+    return {"resumed_from": None if resumed is None else resumed["epoch"], "rows": counts}
