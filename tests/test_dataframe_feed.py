@@ -391,6 +391,25 @@ def test_a_nullable_column_has_one_dtype_in_every_batch_of_the_shard():
             next(shard.iter_torch_batches(50, columns=["flag"]))  # (at the first batch, not partway)
 
 
+def test_an_array_column_is_2d_or_objects_in_every_batch_of_the_shard():
+    """Rows of one length in the first record batch, and of another (or a null) in the second: every batch is
+    1-D objects, read in order, shuffled or taken; rows of one length throughout: every batch 2-D."""
+    ragged = pa.array([[1.0, 2.0]] * 100 + [[1.0, 2.0, 3.0]] * 100, pa.list_(pa.float32()))
+    with_null = pa.array([[1.0, 2.0]] * 150 + [None] + [[1.0, 2.0]] * 49, pa.list_(pa.float32()))
+    even = pa.array([[float(i), 0.0] for i in range(200)], pa.list_(pa.float32()))
+    with local_shards(pa.table({"ragged": ragged, "with_null": with_null, "even": even}), 1) as shard_of:
+        shard = shard_of(0)  # (record batches of 100)
+        for batches in (
+            list(shard.iter_batches(50)),
+            list(shard.iter_batches(64, shuffle=True, seed=1)),
+            [shard.take([0, 1]), shard.take([150, 199])],
+        ):
+            assert {(b["ragged"].dtype, b["ragged"].ndim) for b in batches} == {(np.dtype(object), 1)}
+            assert {(b["with_null"].dtype, b["with_null"].ndim) for b in batches} == {(np.dtype(object), 1)}
+            assert {(b["even"].dtype, b["even"].shape[1:]) for b in batches} == {(np.dtype(np.float32), (2,))}
+        assert shard.take([0])["ragged"][0].tolist() == [1.0, 2.0] and shard.take([150])["with_null"][0] is None
+
+
 def test_a_rank_asks_for_what_its_shard_cannot_give():
     os.environ.pop(SHARD_ENV, None)
     with pytest.raises(RuntimeError, match=r"^dataframe_shard\(\) works in the ranks of a run on a DataFrame"):

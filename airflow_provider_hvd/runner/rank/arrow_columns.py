@@ -106,10 +106,15 @@ def fixed_width_view(array: pa.Array) -> NDArray[Any] | None:
     return view
 
 
-def _rows_2d(values: NDArray[Any], offsets: NDArray[Any], valid: NDArray[Any] | None) -> NDArray[Any]:
-    """Rows ``values[offsets[i]:offsets[i+1]]`` as a 2-D array when all have one length, else 1-D objects."""
+def _rows_2d(
+    values: NDArray[Any], offsets: NDArray[Any], valid: NDArray[Any] | None, ragged: bool | None
+) -> NDArray[Any]:
+    """Rows ``values[offsets[i]:offsets[i+1]]`` as a 2-D array when all have one length, else 1-D objects
+    (``ragged``: whether the whole shard's rows differ, which decides for every batch; None: these rows')."""
     lengths = np.diff(offsets)
-    if valid is None and len(lengths) and (lengths == lengths[0]).all():
+    if ragged is None:
+        ragged = valid is not None or not len(lengths) or not (lengths == lengths[0]).all()
+    if not ragged and len(lengths):
         start = offsets[0]
         return values[start : start + lengths.sum()].reshape(len(lengths), int(lengths[0]))
     rows = np.empty(len(lengths), dtype=object)
@@ -133,17 +138,49 @@ def _valid(array: pa.Array) -> NDArray[Any] | None:
     return None if not array.null_count else array.is_valid().to_numpy(zero_copy_only=False)
 
 
-def _vectors(array: pa.StructArray) -> NDArray[Any]:
-    """Spark ML vectors as float64 rows: 2-D when all have one size, else 1-D objects (``None`` for null)."""
+def _vector_lengths(array: pa.StructArray) -> NDArray[Any]:
+    """Each Spark ML vector's size (a dense one's values, a sparse one's ``size``)."""
+    dense = array.field("type").to_numpy(zero_copy_only=False) == _DENSE
+    _, value_offsets = _list_values(array.field("values"))
+    sizes = array.field("size").fill_null(0).to_numpy(zero_copy_only=False)
+    lengths: NDArray[Any] = np.where(dense, np.diff(value_offsets), sizes)
+    return lengths
+
+
+def row_lengths_differ(chunks: list[pa.Array], kind: str) -> bool:
+    """Whether an array or vector column's rows, over the whole shard (its record batches ``chunks``), are not
+    all of one length or hold a null: then every batch gives 1-D objects, else 2-D (never one, then the other)."""
+    if any(chunk.null_count for chunk in chunks):
+        return True
+    lengths: set[int] = set()
+    for chunk in chunks:
+        if isinstance(chunk, pa.DictionaryArray):
+            chunk = chunk.dictionary_decode()
+        if kind == "vector":
+            found = _vector_lengths(chunk)
+        elif pat.is_fixed_size_list(chunk.type):
+            found = np.array([chunk.type.list_size]) if len(chunk) else np.array([], dtype=np.int64)
+        else:
+            found = np.diff(chunk.offsets.to_numpy())
+        lengths.update(np.unique(found).tolist())
+        if len(lengths) > 1:
+            return True
+    return False
+
+
+def _vectors(array: pa.StructArray, ragged: bool | None = None) -> NDArray[Any]:
+    """Spark ML vectors as float64 rows: 2-D when all have one size, else 1-D objects (``None`` for null);
+    ``ragged`` as :func:`_rows_2d`'s."""
     kinds = array.field("type").to_numpy(zero_copy_only=False)
-    sizes = array.field("size")
     values, value_offsets = _list_values(array.field("values"))
     indices, index_offsets = _list_values(array.field("indices"))
     dense = kinds == _DENSE
-    lengths = np.where(dense, np.diff(value_offsets), sizes.fill_null(0).to_numpy(zero_copy_only=False))
+    lengths = _vector_lengths(array)
     valid = _valid(array)
     n = len(array)
-    if valid is None and n and (lengths == lengths[0]).all():
+    if ragged is None:
+        ragged = valid is not None or not n or not (lengths == lengths[0]).all()
+    if not ragged and n:
         out = np.zeros((n, int(lengths[0])), dtype=np.float64)
         rows = np.flatnonzero(dense)
         if rows.size:  # each dense row's values, in place
@@ -182,9 +219,12 @@ def with_nulls_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
     return None
 
 
-def to_numpy(array: pa.Array, kind: str, dtype: np.dtype[Any] | None = None) -> NDArray[Any]:
+def to_numpy(
+    array: pa.Array, kind: str, dtype: np.dtype[Any] | None = None, ragged: bool | None = None
+) -> NDArray[Any]:
     """One column's rows (an Arrow array of :func:`column_kind` ``kind``) as NumPy; a scalar column as ``dtype``
-    when given (:func:`with_nulls_dtype`: the same in a batch without a null as in one with)."""
+    when given (:func:`with_nulls_dtype`: the same in a batch without a null as in one with); an array or vector
+    column 2-D or objects as ``ragged`` says (:func:`row_lengths_differ`: the same in every batch)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     if isinstance(array, pa.DictionaryArray):
@@ -193,6 +233,6 @@ def to_numpy(array: pa.Array, kind: str, dtype: np.dtype[Any] | None = None) -> 
         values: NDArray[Any] = array.to_numpy(zero_copy_only=False)
         return values if dtype is None else values.astype(dtype, copy=False)
     if kind == "vector":
-        return _vectors(array)
+        return _vectors(array, ragged)
     flat, offsets = _list_values(array)
-    return _rows_2d(flat, offsets, _valid(array))
+    return _rows_2d(flat, offsets, _valid(array), ragged)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..shared.shards import ShardInfo
-from .arrow_columns import column_kind, fixed_width_view, to_numpy, with_nulls_dtype
+from .arrow_columns import column_kind, fixed_width_view, row_lengths_differ, to_numpy, with_nulls_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +39,8 @@ class _Column:
         # one dtype for the whole shard, from its nulls (the batches' null counts: metadata, nothing is read)
         nulls = any(chunk.null_count for chunk in chunks)
         self.dtype = with_nulls_dtype(chunks[0].type) if nulls and kind == "scalar" else None
+        # 2-D or objects for the whole shard, from its rows' lengths (the offsets only: no values are read)
+        self.ragged = row_lengths_differ(chunks, kind) if kind != "scalar" and chunks else None
         views = [fixed_width_view(chunk) for chunk in chunks] if kind == "scalar" else []
         fixed = [view for view in views if view is not None]
         self.views: list[NDArray[Any]] | None = fixed if fixed and len(fixed) == len(views) else None
@@ -64,7 +66,7 @@ class _Column:
             return np.concatenate([self.views[chunk][start:stop] for chunk, start, stop in pieces])
         assert self.chunked is not None
         arrays = [self.chunked.chunk(chunk).slice(start, stop - start) for chunk, start, stop in pieces]
-        return to_numpy(arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays), self.kind, self.dtype)
+        return to_numpy(arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays), self.kind, self.dtype, self.ragged)
 
     def gather(self, rows: NDArray[np.int64], chunk_of: NDArray[np.int64], within: NDArray[np.int64]) -> NDArray[Any]:
         """The rows at shard indices ``rows`` (in chunk ``chunk_of``, at ``within``), in that order."""
@@ -72,7 +74,7 @@ class _Column:
             gathered: NDArray[Any] = self.file[self.starts[chunk_of] + within]
             return gathered
         assert self.chunked is not None
-        return to_numpy(self.chunked.take(pa.array(rows)), self.kind, self.dtype)
+        return to_numpy(self.chunked.take(pa.array(rows)), self.kind, self.dtype, self.ragged)
 
 
 class DataFrameShard:
