@@ -14,6 +14,7 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from airflow_deployment import AirflowDeployment, event_lines, log_text, show_log_if_failed
@@ -369,6 +370,10 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
         assert time.monotonic() < deadline, "no hvd_metrics XCom from the trigger"
         time.sleep(0.5)
     assert metrics["try_number"] == 1 and metrics["series"]["loss"][0][0] == 0, metrics
+    tab = airflow.api.get(f"{airflow.url}/hvd-training/dags/{DEFERRED}/runs/{quote(run_id, safe='')}/tasks/train")
+    assert tab.status_code == 200, tab.text
+    assert 'data-state="deferred"' in tab.text and "metrics of rank 0 from try 1" in tab.text, tab.text
+    assert 'class="curve"' in tab.text, tab.text  # the Training tab draws it while the task is deferred
     training.gate.touch()
     state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
     logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))
