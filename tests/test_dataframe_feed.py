@@ -36,6 +36,7 @@ from airflow_provider_hvd import dataframe_shard
 from airflow_provider_hvd.runner import reaper
 from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
 from airflow_provider_hvd.runner.driver.launch.spark.cluster import is_connect
+from airflow_provider_hvd.runner.driver.launch.spark.connect_client import running_operations
 from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import murmur3_int, partition_keys, plan_shards
 from airflow_provider_hvd.runner.shared.naming import TORCH_DISTRIBUTOR
 from airflow_provider_hvd.runner.shared.shards import SHARD_ENV, FeedSpec
@@ -741,6 +742,77 @@ def test_the_shard_files_go_when_a_rank_fails_and_when_the_run_is_cancelled(spar
             thread.join(120)
     assert isinstance(errors[0], RunCancelledError), errors
     assert holders_of_files(cancelled, 2)[1] == []
+
+
+def waiting_rows(spark, started, release):
+    """4 rows in 2 partitions whose column ``x`` (a Python UDF) waits in its Spark task until the file
+    ``release`` exists (at most 5 minutes), after saying so in the file ``started``."""
+    F = functions_of(spark)
+    started, release = str(started), str(release)
+
+    def wait(i):
+        import os
+        import time
+
+        open(started, "a").close()
+        deadline = time.monotonic() + 300
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return i
+
+    return spark.range(0, 4, numPartitions=2).select("id", F.udf(wait, "long")(F.col("id")).alias("x"))
+
+
+def spark_jobs_running(spark) -> int:
+    """The Spark jobs (classic) or the session's operations (Spark Connect) running now."""
+    if is_connect(spark):
+        return running_operations(spark)
+    return len(spark.sparkContext.statusTracker().getActiveJobsIds())
+
+
+def test_a_cancel_ends_the_row_count_and_the_run_at_once(spark, tmp_path):
+    """A cancel while the driver counts the DataFrame's rows (before the barrier job) interrupts that count: the
+    run raises RunCancelledError within seconds, and no Spark job (or Connect operation) of it runs on."""
+    import threading
+
+    from airflow_provider_hvd import RunCancelledError, TorchDistributor
+
+    started, release = tmp_path / "started", tmp_path / "release"
+    df = waiting_rows(spark, started, release)
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with distributor._on_session(spark):  # (the thread's active session may be another: the hook's way)
+                distributor.train_on_dataframe(ask_for_a_shard, df)
+        except BaseException as exc:  # noqa: BLE001 - the test checks it
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    with by_value(ask_for_a_shard):
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not started.exists():  # the count's tasks wait for the release
+                assert thread.is_alive() and time.monotonic() < deadline, errors
+                time.sleep(0.1)
+            assert spark_jobs_running(spark) > 0
+            cancelled_at = time.monotonic()
+            distributor.cancel()
+            thread.join(10)
+            ended_in = time.monotonic() - cancelled_at
+            still_running = thread.is_alive()
+            while spark_jobs_running(spark) and time.monotonic() < cancelled_at + 15:
+                time.sleep(0.1)  # (Spark's status store hears of a job's end a moment after it)
+            left = spark_jobs_running(spark)
+        finally:
+            release.touch()
+            thread.join(120)
+    assert not still_running, "the run went on for 10 s after its cancel, until its row count had ended"
+    assert len(errors) == 1 and isinstance(errors[0], RunCancelledError), errors
+    assert str(errors[0]).startswith("TorchDistributor: the run was cancelled before its ranks started"), errors
+    assert ended_in < 10 and left == 0, (ended_in, left)
 
 
 def test_a_run_on_a_dataframe_refuses_what_it_cannot_feed_naming_the_fix(spark_local):

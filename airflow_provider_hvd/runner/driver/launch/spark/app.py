@@ -1,13 +1,14 @@
 """The Spark application a run's barrier job runs in, as the Spark launcher (:mod:`.barrier`) sees it: a classic
 SparkContext (:mod:`.classic`) or a Spark Connect session (:mod:`.connect`). Only what differs between the two is
 behind this seam: the conf, the driver's address, the slot count, how the job reaches the tasks, how the barrier
-job is submitted and cancelled, what Spark says of its tasks. The tasks, the agents and the failure rules are
-shared.
+job (and a DataFrame's row count before it) is submitted and cancelled, what Spark says of its tasks. The tasks,
+the agents and the failure rules are shared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ class SparkApp(Protocol):
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None: ...
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         """Hand the pickled job to Spark; the task's way to read it (pickled into the task)."""
+
+    def tagged(self, tag: str, description: str) -> AbstractContextManager[None]:
+        """Within, the Spark jobs this thread starts are ``tag``'s (described as ``description`` where Spark
+        shows that): :meth:`cancel` of ``tag`` interrupts them. For a thread of the launcher's own."""
 
     def run_barrier(
         self, tasks: int, task: BarrierTask, tag: str, description: str, inputs: DataFrame | None = None

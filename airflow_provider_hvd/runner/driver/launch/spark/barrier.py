@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ....agent.agent import AgentArgs, run_agent
+from ....errors import RunCancelledError
 from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.gpus import GPU
 from ....shared.messages import Hello
@@ -37,7 +38,7 @@ from .app import BarrierTask, SparkApp
 from .classic import ClassicApp
 from .cluster import is_connect, summary
 from .connect import ConnectApp
-from .dataframe_plan import ShardPlan, plan_shards
+from .dataframe_plan import ShardPlan, count_partitions, plan_shards
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -52,6 +53,7 @@ _JOB_END_WAIT_S = 60.0  # a cancelled job's end is waited for so long; then it i
 # wait for that (a lost host is named within seconds, and the run ends with it)
 _TASKS_END_WAIT_S = 5.0
 _CANCEL_AGAIN_S = 2.0  # the cancel is sent again while the job runs on
+_CANCEL_POLL_S = 0.1  # how often the row count's wait reads the run's cancel flag
 _TASKS_END_POLL_S = 0.2  # the job has ended, its tasks are ending (a killed task's end comes seconds later)
 EXECUTOR_CUDA_DEVICES = "spark.executorEnv.CUDA_VISIBLE_DEVICES"  # the executors' GPUs, set on purpose
 
@@ -155,11 +157,12 @@ class SparkLauncher:
         self.naming = dataclasses.replace(naming, per_task=per_task)  # (its texts count the ranks of a task)
         self.group = f"{naming.job_group}-{uuid.uuid4().hex[:12]}"
         self.app = spark_app(spark, self.group, self.naming)
-        # a run on a DataFrame: its rows counted here (one Spark job; its errors raise here), then each barrier
-        # task reads its ranks' rows from the planned DataFrame
+        self.cancelled = cancelled
+        # a run on a DataFrame: its rows counted here (one Spark job, which a cancel interrupts; its errors raise
+        # here), then each barrier task reads its ranks' rows from the planned DataFrame
         self.shard_plan: ShardPlan | None = None
         if dataframe is not None:
-            self.shard_plan = plan_shards(dataframe, spark, size, per_task, naming)
+            self.shard_plan = plan_shards(dataframe, spark, size, per_task, naming, self._count)
         self.size = size  # ranks: agents
         self.per_task = per_task  # ranks (agents) in each task
         self.tasks = size // per_task
@@ -167,7 +170,6 @@ class SparkLauncher:
         # TorchDistributor), unless the application sets the executors' CUDA_VISIBLE_DEVICES on purpose
         self.use_gpus = use_gpus
         self.slot_wait_timeout = slot_wait_timeout
-        self.cancelled = cancelled
         self.local = self.app.local
         self.driver = self.app.driver_address()  # a bad port setting fails here
         self._memory = self._read_memory_settings()
@@ -181,6 +183,58 @@ class SparkLauncher:
         self._poll_error_logged = False
         self._stop_reason: str | None = None
         self._cancel_sent = False
+
+    def _count(self, df: DataFrame) -> list[int]:
+        """:func:`.dataframe_plan.count_partitions` in a thread of its own, its Spark job in the run's count group
+        (or tag), which the run's cancel interrupts as :meth:`close` does the barrier job's; RunCancelledError
+        then, once the count has ended (or, after ``_JOB_END_WAIT_S``, been left to Spark)."""
+        cancelled = RunCancelledError(
+            f"{self.naming.runner}: the run was cancelled before its ranks started (as Spark counted the "
+            "DataFrame's rows)"
+        )
+        if self.cancelled():
+            raise cancelled
+        group = f"{self.group}-count"  # (not the barrier job's group: its status reads that group's one job)
+        counted: list[list[int]] = []
+        failed: list[BaseException] = []
+
+        def count() -> None:
+            try:
+                with self.app.tagged(group, f"{self.naming.runner}: counting the DataFrame's rows"):
+                    counted.append(count_partitions(df))
+            except BaseException as exc:  # noqa: BLE001 - raised in the run's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=count, name="hvd-spark-count", daemon=True)
+        thread.start()
+        while thread.is_alive() and not self.cancelled():
+            thread.join(timeout=_CANCEL_POLL_S)
+        if self.cancelled():
+            self._cancel_count(thread, group)
+            raise cancelled
+        if failed:
+            raise failed[0]
+        return counted[0]
+
+    def _cancel_count(self, thread: threading.Thread, group: str) -> None:
+        """Cancel the count's job until it has ended (a cancel that reached Spark before the job cancelled
+        nothing), for ``_JOB_END_WAIT_S`` at most; then it is left to Spark, with a warning."""
+        started = time.monotonic()
+        while thread.is_alive() and time.monotonic() - started < _JOB_END_WAIT_S:
+            try:
+                self.app.cancel(group)
+            except Exception as exc:  # noqa: BLE001 - the application is gone, and its jobs with it
+                log.warning("%s: could not cancel the row count: %s", self.naming.runner, summary(exc, first_line=True))
+                return
+            thread.join(timeout=_CANCEL_AGAIN_S)
+        if thread.is_alive():
+            log.warning(
+                "%s: the Spark job counting the DataFrame's rows, %s, was still running %.0fs after the run was "
+                "cancelled; it is left to Spark (the Spark UI shows it)",
+                self.naming.runner,
+                self.app.name_of(group),
+                time.monotonic() - started,
+            )
 
     def describe(self) -> str:
         if self.per_task == 1:

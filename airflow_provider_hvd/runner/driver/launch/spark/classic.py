@@ -4,8 +4,9 @@ travels as a broadcast, the barrier job is an RDD's in a job group, Spark's stat
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
@@ -56,15 +57,21 @@ class ClassicApp:
         self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept
         return functools.partial(read_broadcast, self._payload)
 
+    @contextlib.contextmanager
+    def tagged(self, tag: str, description: str) -> Iterator[None]:
+        # (the group stays this thread's afterwards: each thread the launcher starts runs one group's jobs)
+        self.sc.setJobGroup(tag, description, interruptOnCancel=True)
+        yield
+
     def run_barrier(
         self, tasks: int, task: BarrierTask, tag: str, description: str, inputs: DataFrame | None = None
     ) -> None:
-        self.sc.setJobGroup(tag, description, interruptOnCancel=True)
-        if inputs is not None:
-            arrow_barrier(inputs, task, reads_input=True)
-            return
-        rdd = self.sc.parallelize(range(tasks), tasks)
-        rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
+        with self.tagged(tag, description):
+            if inputs is not None:
+                arrow_barrier(inputs, task, reads_input=True)
+                return
+            rdd = self.sc.parallelize(range(tasks), tasks)
+            rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
 
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)  # (Spark's reason for the kills names the group: not a cause)

@@ -12,9 +12,10 @@ agents' reports) tell how the tasks end.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ....errors import LaunchError
@@ -167,15 +168,20 @@ class ConnectApp:
             raise job_too_large(len(payload), limit, bound_by, self.url)
         return ShippedJob(payload)
 
+    @contextlib.contextmanager
+    def tagged(self, tag: str, description: str) -> Iterator[None]:
+        self.spark.addTag(tag)  # this thread's operations only (an operation has no description)
+        try:
+            yield
+        finally:
+            self.spark.removeTag(tag)
+
     def run_barrier(
         self, tasks: int, task: BarrierTask, tag: str, description: str, inputs: DataFrame | None = None
     ) -> None:
         frame = self.spark.range(tasks, numPartitions=tasks) if inputs is None else inputs
-        self.spark.addTag(tag)  # this thread's operations only
-        try:
+        with self.tagged(tag, description):
             arrow_barrier(frame, task, reads_input=inputs is not None)
-        finally:
-            self.spark.removeTag(tag)
 
     def cancel(self, tag: str) -> None:
         interrupt_tag(self.spark, tag, CANCEL_CALL_S)  # one call, bounded (pyspark's retries take ~10 minutes)

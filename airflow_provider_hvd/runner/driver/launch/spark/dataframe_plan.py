@@ -25,6 +25,7 @@ got exactly its rows, in order, and drops it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -204,18 +205,24 @@ def shard_frame(df: DataFrame, partition_rows: list[int], feed: FeedSpec) -> Dat
 
 
 def plan_shards(
-    df: DataFrame, spark: Any, ranks: int, per_task: int = 1, naming: RunnerNaming = HOROVOD_RUNNER
+    df: DataFrame,
+    spark: Any,
+    ranks: int,
+    per_task: int = 1,
+    naming: RunnerNaming = HOROVOD_RUNNER,
+    count: Callable[[DataFrame], list[int]] = count_partitions,
 ) -> ShardPlan:
     """The barrier job's DataFrame for a run of ``ranks`` ranks, ``per_task`` in each Spark task, on ``spark``.
 
     Raises ValueError for a DataFrame of another session, without rows, with fewer rows than ranks, or with a
-    column the ranks cannot read. Runs one Spark job (the count).
+    column the ranks cannot read. Runs one Spark job (the count: :func:`count_partitions`, or ``count``, which
+    the launcher gives to make it cancellable).
     """
     if ranks % per_task:
         raise ValueError(f"{ranks} ranks do not fill Spark tasks of {per_task} ranks each")
     check_session(df, spark, naming)
     check_columns(df)
-    partition_rows = count_partitions(df)
+    partition_rows = count(df)
     rows = sum(partition_rows)
     if rows == 0:
         raise ValueError(f"The DataFrame has no rows: {naming.runner} has nothing to give its ranks.")
