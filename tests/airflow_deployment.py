@@ -147,6 +147,11 @@ class AirflowDeployment:
         path = f"{self._ti_path(dag_id, run_id, task_id)}/logs/{try_number}"
         return self._json("GET", path, headers={"Accept": "application/json"})["content"]
 
+    def state_store(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """The task instance's task state store, key → value."""
+        entries = self._json("GET", f"{self._ti_path(dag_id, run_id, task_id)}/state-store")["task_state_store"]
+        return {entry["key"]: entry["value"] for entry in entries}
+
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         return self._json("GET", f"{self._ti_path(dag_id, run_id, task_id)}/xcomEntries/{key}")["value"]
 

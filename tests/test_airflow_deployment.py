@@ -312,8 +312,8 @@ def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(ai
     first = wait_for_log(airflow, DURABLE, run_id, "[rank 1] rank 1 step 2", 1)
     submitted = re.search(r"Submitted the run: (\{.*?\}) \(a retry", first)
     assert submitted, first
-    stored = airflow._json("GET", f"{airflow._ti_path(DURABLE, run_id, 'train')}/state-store")["task_state_store"]
-    assert {entry["key"]: entry["value"] for entry in stored}["hvd_job_id"] == submitted.group(1), stored
+    stored = airflow.state_store(DURABLE, run_id, "train")
+    assert stored["hvd_job_id"] == submitted.group(1), stored
     task_pid = airflow.task_instance(DURABLE, run_id, "train")["pid"]
     assert task_pid and "airflow" in Path(f"/proc/{task_pid}/cmdline").read_text(), task_pid
     os.kill(task_pid, getattr(signal, how))
@@ -333,8 +333,7 @@ def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(ai
     value = airflow.xcom(DURABLE, run_id, "train")
     assert value["pid"] == pids[0] and value["total"] >= 2 * 2, value
     # the Training tab's curve: every step of the one run, from before the loss and after, written by the retry
-    stored = airflow._json("GET", f"{airflow._ti_path(DURABLE, run_id, 'train')}/state-store")["task_state_store"]
-    metrics = {entry["key"]: entry["value"] for entry in stored}["hvd_metrics"]
+    metrics = airflow.state_store(DURABLE, run_id, "train")["hvd_metrics"]
     assert metrics["try_number"] == 2
     assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
 
@@ -383,8 +382,7 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     assert value["pid"] == pids[0]
     assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
     # resumed, the task wrote the run's last progress to the task state store: every step
-    stored = airflow._json("GET", f"{airflow._ti_path(DEFERRED, run_id, 'train')}/state-store")["task_state_store"]
-    metrics = {entry["key"]: entry["value"] for entry in stored}["hvd_metrics"]
+    metrics = airflow.state_store(DEFERRED, run_id, "train")["hvd_metrics"]
     assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
 
 

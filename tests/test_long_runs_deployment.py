@@ -47,10 +47,6 @@ class LoggedInDeployment(AirflowDeployment):
             self.api.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
         return super()._ready(dag_ids)
 
-    def state_store(self, dag_id: str, run_id: str, task_id: str) -> dict:
-        entries = self._json("GET", f"{self._ti_path(dag_id, run_id, task_id)}/state-store")["task_state_store"]
-        return {entry["key"]: entry["value"] for entry in entries}
-
 
 @pytest.fixture(scope="module")
 def airflow(standalone_cluster, postgres, tmp_path_factory, request):
