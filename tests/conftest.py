@@ -85,17 +85,6 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: rank.get(_GROUP_OF.get(item.path.stem, ""), len(rank)))
 
 
-@pytest.fixture(autouse=True)
-def _caplog_as_pytest_formats_it(request):
-    """pyspark's ``PySparkLogger.addHandler`` gives any handler it gets its JSON formatter: once pytest's own
-    log-capturing handlers went through one, ``caplog.text`` and the reports were JSON for the rest of the worker
-    (CI: a count of the lines ending with a message was 0). Each test gets pytest's formatter back."""
-    plugin = request.config.pluginmanager.get_plugin("logging-plugin")
-    if plugin is not None:
-        for handler in (plugin.caplog_handler, plugin.report_handler):
-            handler.setFormatter(plugin.formatter)
-
-
 _session_keys: set[str] = set()
 
 
