@@ -106,6 +106,12 @@ def fixed_width_view(array: pa.Array) -> NDArray[Any] | None:
     return view
 
 
+def _differ(lengths: NDArray[Any], valid: NDArray[Any] | None) -> bool:
+    """Whether these rows (their ``lengths``, ``valid`` where some are null) are not 2-D: none, a null, or two
+    lengths."""
+    return valid is not None or not len(lengths) or not bool((lengths == lengths[0]).all())
+
+
 def _rows_2d(
     values: NDArray[Any], offsets: NDArray[Any], valid: NDArray[Any] | None, ragged: bool | None
 ) -> NDArray[Any]:
@@ -113,7 +119,7 @@ def _rows_2d(
     (``ragged``: whether the whole shard's rows differ, which decides for every batch; None: these rows')."""
     lengths = np.diff(offsets)
     if ragged is None:
-        ragged = valid is not None or not len(lengths) or not (lengths == lengths[0]).all()
+        ragged = _differ(lengths, valid)
     if not ragged and len(lengths):
         start = offsets[0]
         return values[start : start + lengths.sum()].reshape(len(lengths), int(lengths[0]))
@@ -179,7 +185,7 @@ def _vectors(array: pa.StructArray, ragged: bool | None = None) -> NDArray[Any]:
     valid = _valid(array)
     n = len(array)
     if ragged is None:
-        ragged = valid is not None or not n or not (lengths == lengths[0]).all()
+        ragged = _differ(lengths, valid)
     if not ragged and n:
         out = np.zeros((n, int(lengths[0])), dtype=np.float64)
         rows = np.flatnonzero(dense)
