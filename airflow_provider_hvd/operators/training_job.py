@@ -389,7 +389,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         assert self._job is not None
         self._job.close()  # detached: the trigger attaches
         self.defer(
-            trigger=TrainingJobTrigger(str(job_id), self.conn_id, self.kind),
+            trigger=TrainingJobTrigger(str(job_id), self.conn_id),
             method_name="execute_complete",
         )
 

@@ -15,35 +15,33 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
-from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
+from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.runner import Job, JobNotFoundError
 
 
-class XComProgress:
-    """A progress sink on the deferred task's XComs (a trigger has no task state store): the Training tab reads
-    them while the task is deferred; the task, resumed, writes the run's last progress to the store."""
+class XComStore:
+    """The deferred task's XComs as the task state store that :class:`TaskStateProgress` writes (a trigger has no
+    task state store): the Training tab reads them while the task is deferred; the task, resumed, writes the
+    run's last progress to the store itself."""
 
     def __init__(self, ti: Any) -> None:
-        self._ti = ti
+        self._where = {
+            "dag_id": ti.dag_id,
+            "task_id": ti.task_id,
+            "run_id": ti.run_id,
+            "map_index": ti.map_index if ti.map_index is not None else -1,
+        }
 
-    def _set(self, key: str, value: dict[str, Any]) -> None:
+    def get(self, key: str, default: Any = None) -> Any:
         from airflow.sdk.execution_time.xcom import XCom
 
-        ti = self._ti
-        XCom.set(
-            key,
-            {**value, "try_number": ti.try_number},
-            dag_id=ti.dag_id,
-            task_id=ti.task_id,
-            run_id=ti.run_id,
-            map_index=ti.map_index if ti.map_index is not None else -1,
-        )
+        value = XCom.get_one(key=key, **self._where)
+        return default if value is None else value
 
-    def metrics(self, snapshot: dict[str, Any]) -> None:
-        self._set(METRICS_KEY, snapshot)
+    def set(self, key: str, value: Any) -> None:
+        from airflow.sdk.execution_time.xcom import XCom
 
-    def checkpoint(self, record: dict[str, Any]) -> None:
-        self._set(CHECKPOINT_KEY, record)
+        XCom.set(key, value, **self._where)
 
 
 class TrainingJobTrigger(BaseTrigger):
@@ -51,21 +49,20 @@ class TrainingJobTrigger(BaseTrigger):
 
     :param job_id: the run's id (``job.id``).
     :param conn_id: the connection the run was submitted on (its token, where it has one, attaches).
-    :param kind: the ranks' kind, in messages.
     """
 
-    def __init__(self, job_id: str, conn_id: str, kind: str = "training") -> None:
+    def __init__(self, job_id: str, conn_id: str) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.job_id = job_id
         self.conn_id = conn_id
-        self.kind = kind
         self._job: Job | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{__name__}.{type(self).__name__}", {"job_id": self.job_id, "conn_id": self.conn_id, "kind": self.kind}
+        return f"{__name__}.{type(self).__name__}", {"job_id": self.job_id, "conn_id": self.conn_id}
 
     def _attach(self, logs: bool) -> Job:
-        sink = XComProgress(self.task_instance) if logs and self.task_instance is not None else None
+        ti = self.task_instance
+        sink = TaskStateProgress(XComStore(ti), ti.try_number) if logs and ti is not None else None
         return HorovodHook(self.conn_id).attach_job(self.job_id, sink, logs=logs, fetch=False)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
