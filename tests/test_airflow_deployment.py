@@ -20,6 +20,7 @@ import pytest
 from airflow_deployment import AirflowDeployment, event_lines, log_text, show_log_if_failed
 from hosts import Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
+from mlflow import MlflowClient
 from spark_cluster import free_port
 
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
@@ -177,8 +178,6 @@ def parent_pid(pid: int) -> int:
 def test_a_try_killed_hard_leaves_its_mlflow_run_to_the_retry_which_ends_it_killed(airflow, mlflow_server, tmp_path):
     """SIGKILL to the task's process (a lost worker, the OOM killer): its MLflow run cannot be ended by it, so the
     retry, linked to it through the task state store, ends it KILLED; the "MLflow run" link is the retry's."""
-    from mlflow import MlflowClient
-
     dag_id, task_id = "hvd_mlflow_killed_hard", "lose_the_first_try"
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -304,10 +303,10 @@ def ranks_end_within(pids: list[int], seconds: float) -> list[int]:
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(airflow, training, how):
+def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(airflow, training, mlflow_server, how):
     """SIGKILL of the task's process (a lost worker, the OOM killer), or SIGTERM with the task still running (a
     worker's graceful shutdown: the task detaches): the retry attaches to the same run, whose ranks never
-    restarted, and pushes rank 0's value."""
+    restarted, pushes rank 0's value, and goes on with its one MLflow run."""
     run_id, pids = training(DURABLE)
     first = wait_for_log(airflow, DURABLE, run_id, "[rank 1] rank 1 step 2", 1)
     submitted = re.search(r"Submitted the run: (\{.*?\}) \(a retry", first)
@@ -333,17 +332,41 @@ def test_a_durable_tasks_retry_attaches_to_the_run_its_lost_try_left_training(ai
     value = airflow.xcom(DURABLE, run_id, "train")
     assert value["pid"] == pids[0] and value["total"] >= 2 * 2, value
     # the Training tab's curve: every step of the one run, from before the loss and after, written by the retry
-    metrics = airflow.state_store(DURABLE, run_id, "train")["hvd_metrics"]
+    stored = airflow.state_store(DURABLE, run_id, "train")
+    metrics = stored["hvd_metrics"]
     assert metrics["try_number"] == 2
     assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
+    # one MLflow run for both tries, made by the run's host: the retry went on with it, and it has every step
+    run = one_mlflow_run(mlflow_server, run_id)
+    assert run.info.status == "FINISHED", run.info
+    assert stored["hvd_mlflow"] == {"run_id": run.info.run_id, "url": mlflow_url(mlflow_server, run), "try_number": 2}
+    assert f"Try 2 goes on with MLflow run {run.info.run_id}" in second, second
+    history = MlflowClient(mlflow_server).get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(value["steps"]))
 
 
-def test_marking_a_durable_task_failed_ends_every_rank_within_10s(airflow, training):
+def test_marking_a_durable_task_failed_ends_every_rank_within_10s(airflow, training, mlflow_server):
     run_id, pids = training(DURABLE)
     wait_for_log(airflow, DURABLE, run_id, "[rank 1] rank 1 step 1", 1)
     airflow.mark_failed(DURABLE, run_id, "train")
     assert not ranks_end_within(pids, 10), "ranks outlived the task marked failed"
     assert airflow.wait_for_run(DURABLE, run_id, timeout=60) == "failed"
+    deadline = time.monotonic() + 30  # (the host ends it as the run ends, FINAL_WRITE_S at most)
+    while (run := one_mlflow_run(mlflow_server, run_id)).info.status == "RUNNING":
+        assert time.monotonic() < deadline, "the cancelled run's MLflow run is still RUNNING"
+        time.sleep(0.5)
+    assert run.info.status == "KILLED", run.info
+
+
+def one_mlflow_run(tracking_uri: str, run_id: str):
+    """The one MLflow run of the DAG run ``run_id`` (default experiment)."""
+    runs = MlflowClient(tracking_uri).search_runs(["0"], f"tags.`airflow.run_id` = '{run_id}'")
+    assert len(runs) == 1, [(r.info.run_id, r.data.tags.get("airflow.try_number")) for r in runs]
+    return runs[0]
+
+
+def mlflow_url(tracking_uri: str, run) -> str:
+    return f"{tracking_uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
 
 
 def test_a_deferrable_task_is_deferred_while_it_trains_and_marking_it_failed_ends_every_rank(airflow, training):
@@ -358,7 +381,7 @@ def test_a_deferrable_task_is_deferred_while_it_trains_and_marking_it_failed_end
     assert not ranks_end_within(pids, 10), "ranks outlived the deferred task marked failed"
 
 
-def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, training):
+def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, training, mlflow_server):
     run_id, pids = training(DEFERRED)
     wait_for_log(airflow, DEFERRED, run_id, "[rank 0] rank 0 step 1", 1)
     assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
@@ -381,9 +404,13 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     value = airflow.xcom(DEFERRED, run_id, "train")
     assert value["pid"] == pids[0]
     assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
-    # resumed, the task wrote the run's last progress to the task state store: every step
-    metrics = airflow.state_store(DEFERRED, run_id, "train")["hvd_metrics"]
+    # resumed, the task wrote the run's last progress to the task state store: every step; and its MLflow run
+    stored = airflow.state_store(DEFERRED, run_id, "train")
+    metrics = stored["hvd_metrics"]
     assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
+    run = one_mlflow_run(mlflow_server, run_id)
+    assert run.info.status == "FINISHED", run.info
+    assert stored["hvd_mlflow"] == {"run_id": run.info.run_id, "url": mlflow_url(mlflow_server, run), "try_number": 1}
 
 
 def deferred_metrics(airflow, run_id: str) -> dict | None:

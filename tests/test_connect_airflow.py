@@ -204,3 +204,57 @@ def test_a_dataframe_callable_over_spark_connect_trains_on_its_rows_in_the_tasks
         "Task 'sum_squares' runs in the task's process, not durably: a run with dataframe= is not submitted to "
         "outlive the task yet" in task_log
     ), task_log[-3000:]
+
+
+def test_a_trigger_run_again_after_its_triggerer_stopped_attaches_to_the_same_run(
+    spark_connect_default, connect_with_ui, tmp_path
+):
+    """A triggerer that stops cancels its triggers (their ``cleanup()`` detaches); the triggerer that takes the
+    deferred task over makes the trigger again from ``serialize()`` and runs it: it attaches to the same run
+    (same ranks, no second start), fires once the run ended, and leaves rank 0's value for the task."""
+    import asyncio
+    import importlib
+
+    from connect_server import connect_session
+    from jobs import alive, train_until_gate, wait_for_pids
+
+    from airflow_provider_hvd import HorovodRunner, attach
+    from airflow_provider_hvd.triggers.training_job import TrainingJobTrigger
+
+    pid_dir, gate = tmp_path / "pids", tmp_path / "gate"
+    pid_dir.mkdir()
+    with connect_session(connect_with_ui.url):
+        job = HorovodRunner(np=2).submit(train_until_gate, pid_dir=str(pid_dir), gate=str(gate))
+        job.close()  # (the task detaches before it defers)
+    try:
+        pids = wait_for_pids(str(pid_dir), 2, timeout=180)
+        first = TrainingJobTrigger(job.id, "spark_connect_default")
+
+        async def stopped_triggerer() -> None:
+            watching = asyncio.ensure_future(first.run().__anext__())
+            while first._job is None or first._job.status().phase != "running":  # attached, the ranks training
+                assert not watching.done(), watching.result()
+                await asyncio.sleep(0.2)
+            watching.cancel()  # what a triggerer that stops does to its triggers, then their cleanup()
+            await first.cleanup()
+
+        asyncio.run(stopped_triggerer())
+        assert all(alive(pid) for pid in pids), "a rank ended with the stopped triggerer"
+        path, kwargs = first.serialize()
+        module, name = path.rsplit(".", 1)
+        again = getattr(importlib.import_module(module), name)(**kwargs)
+
+        async def next_triggerer() -> dict:
+            watching = asyncio.ensure_future(again.run().__anext__())
+            while again._job is None and not watching.done():
+                await asyncio.sleep(0.2)
+            gate.touch()
+            return (await asyncio.wait_for(watching, 120)).payload
+
+        assert asyncio.run(next_triggerer()) == {"job_id": job.id, "cause": None}
+        with attach(job.id, logs=False) as task:  # the task, resumed on a worker
+            assert task.wait(60)["pid"] == pids[0]
+        for rank in (0, 1):  # the same ranks throughout
+            assert (pid_dir / f"rank-{rank}.pids").read_text().split() == [str(pids[rank])]
+    finally:
+        gate.touch()

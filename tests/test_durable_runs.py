@@ -242,6 +242,71 @@ def test_submit_and_wait_return_what_run_returns(connect_durable):
             assert other.wait(60) == job.wait()  # the first fetch does not end the host before the other has it
 
 
+def logs_until_gate(gate: str) -> str | None:
+    """Rank 0 reports a metric a step until ``gate`` exists, then logs one of its own with MLflow and returns the
+    id of the MLflow run it logged into."""
+    import os
+    import time
+    from pathlib import Path
+
+    from airflow_provider_hvd import log_metrics
+
+    rank, step = int(os.environ["HOROVOD_RANK"]), 0
+    while not Path(gate).exists():
+        if rank == 0:
+            log_metrics(step, loss=1.0 / (step + 1))
+        step += 1
+        time.sleep(0.2)
+    if rank != 0:
+        return None
+    import mlflow
+
+    mlflow.log_metric("rank0_steps", step)
+    return mlflow.active_run().info.run_id
+
+
+def mlflow_run_named(job, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while job.mlflow_run_id is None:
+        assert time.monotonic() < deadline, f"no MLflow run named within {timeout:g}s"
+        time.sleep(0.2)
+    return job.mlflow_run_id
+
+
+def test_a_submitted_runs_mlflow_run_is_its_hosts_and_every_attach_goes_on_with_it(
+    connect_durable, mlflow_auth_server, monkeypatch, gate, caplog
+):
+    """The run's host makes and ends its MLflow run, with the submitter's tracking server and credentials (the
+    Connect server's executors have neither); a later attach names the same run, which ends FINISHED with every
+    step rank 0 reported and rank 0's own logging."""
+    from mlflow import MlflowClient
+
+    from airflow_provider_hvd.runner.mlflow_settings import MlflowSettings
+
+    server = mlflow_auth_server
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", server.username)  # this process's only
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    name, started = f"hvd-durable-{uuid.uuid4().hex[:8]}", []
+    settings = MlflowSettings(tracking_uri=server.url, experiment_name=name, on_start=lambda *run: started.append(run))
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2, mlflow=settings).submit(logs_until_gate, gate=str(gate))
+        run_id = mlflow_run_named(job)
+        assert started == [(run_id, job.mlflow_run_url)]
+        assert job.mlflow_run_url.startswith(f"{server.url}/#/experiments/") and job.mlflow_run_url.endswith(run_id)
+        job.close()
+        with attach(job.id) as again:
+            assert mlflow_run_named(again) == run_id
+            gate.touch()
+            assert again.wait(180) == run_id  # rank 0 logged into the host's run
+    client = MlflowClient(server.url)
+    (run,) = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    assert run.info.run_id == run_id and run.info.status == "FINISHED", run.info
+    assert run.data.tags["hvd.runner"] == "HorovodRunner" and run.data.tags["hvd.spark_app_id"], run.data.tags
+    steps = int(run.data.metrics["rank0_steps"])
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == list(range(steps))
+    assert server.password not in caplog.text
+
+
 def test_a_watcher_leaves_the_outcome_to_a_later_client_and_close_ends_a_wait(connect_durable, tmp_path, gate):
     """What Airflow's deferred task does: the submitter detaches (a wait in another thread then raises
     RunDetachedError), a watcher (fetch=False) relays the run to its end and leaves its outcome on the host, and

@@ -546,13 +546,26 @@ class HorovodHook(BaseHook):
         return job
 
     def attach_job(
-        self, job_id: str, progress_sink: ProgressSink | None = None, *, logs: bool = True, fetch: bool = True
+        self,
+        job_id: str,
+        progress_sink: ProgressSink | None = None,
+        *,
+        logs: bool = True,
+        fetch: bool = True,
+        on_mlflow_run: Callable[[str, str | None], None] | None = None,
     ) -> Job:
         """The handle of a run submitted on this connection's server (``airflow_provider_hvd.attach``), with the
         connection's token; JobNotFoundError when the run has ended."""
         target = self.connect_target()
         token = self._connection().password if target is not None and target.has_token else None
-        return attach(job_id, token=token or None, progress_sink=progress_sink, logs=logs, fetch=fetch)
+        return attach(
+            job_id,
+            token=token or None,
+            progress_sink=progress_sink,
+            logs=logs,
+            fetch=fetch,
+            on_mlflow_run=on_mlflow_run,
+        )
 
     @contextlib.contextmanager
     def _job_on(self, spark: SparkSession | ConnectSession) -> Iterator[None]:

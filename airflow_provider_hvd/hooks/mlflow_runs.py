@@ -1,4 +1,5 @@
-"""One MLflow run per try of a training task: the operator's ``mlflow=``, the Airflow tags, and each try's run.
+"""One MLflow run per try of a training task: the operator's ``mlflow=``, the Airflow tags, and each try's run (a
+durable task's retry that attaches to the run an earlier try submitted goes on with that run's MLflow run).
 
 The run of a try is recorded in the task state store under ``hvd_mlflow`` (``{"run_id", "url", "try_number"}``)
 as soon as it is created. The next try reads it and hands it to the runner as ``previous_run_id``: its own run
@@ -118,9 +119,12 @@ class TryMlflowRun:
         )
 
     def started(self, run_id: str, url: str | None) -> None:
-        """The runner's ``on_start``: record the run for the next try, publish its link (never raises)."""
+        """The runner's ``on_start``, or an attached run's MLflow run: record it for the next try, publish its link
+        (never raises)."""
         self.run_id, self.url = run_id, url
-        if self.previous_run_id:  # (the runner logs the run's URL)
+        if run_id == self.previous_run_id:  # the run an earlier try submitted, attached to: still its one MLflow run
+            log.info("Try %s goes on with MLflow run %s%s", self.try_number, run_id, f" at {url}" if url else "")
+        elif self.previous_run_id:  # (the runner logs the run's URL)
             log.info(
                 "MLflow run %s of try %s follows the earlier try's run %s",
                 run_id,

@@ -276,7 +276,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
 
     def _outlives_task(self, local: bool) -> bool:
         """Whether the run is submitted to outlive the task: durable or deferrable, on a ``spark_connect``
-        connection, without what a submitted run does not do yet (``dataframe=``, ``mlflow=``); refused in one
+        connection, without what a submitted run does not do yet (``dataframe=``); refused in one
         sentence where ``deferrable=True`` asks for what cannot be."""
         assert self._hook is not None
         if not (self.durable or self.deferrable):
@@ -292,8 +292,6 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             )
         elif self.dataframe_sql is not None or self.dataframe_factory is not None:
             why_not = "a run with dataframe= is not submitted to outlive the task yet"
-        elif self.mlflow is not None:
-            why_not = "a run with mlflow= is not submitted to outlive the task yet (one MLflow run across tries)"
         if why_not is None:
             return True
         if self.deferrable:
@@ -318,7 +316,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         ``"ended"``: a new run starts, from the last checkpoint where there is one."""
         assert self._hook is not None
         try:
-            self._job = self._hook.attach_job(str(external_id), self._progress)
+            self._job = self._hook.attach_job(str(external_id), self._progress, on_mlflow_run=self._on_mlflow_run())
         except JobNotFoundError as exc:
             self.log.warning("The run an earlier try submitted cannot be attached to: %s A new run starts.", exc)
             return "ended"
@@ -397,9 +395,10 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         """Back on a worker once the run ended: its outcome (rank 0's value, or its error) from its host."""
         self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
         self._ti, self._progress = context.get("ti"), self._task_state_progress(context)
+        self.mlflow_run = self._mlflow_run(context)
         job_id = event["job_id"]
         try:
-            self._job = self._hook.attach_job(job_id, self._progress, logs=False)
+            self._job = self._hook.attach_job(job_id, self._progress, logs=False, on_mlflow_run=self._on_mlflow_run())
         except JobNotFoundError as exc:
             raise AirflowException(f"Task {self.task_id!r}: the run ended, but its outcome is gone: {exc}") from None
         return self._succeeded(self.poll_until_complete(job_id, context), self._progress)
@@ -444,6 +443,10 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             store=context.get("task_state_store"),
             publish=lambda url: ti.xcom_push(key=link.xcom_key, value=url),  # Airflow pushes it again at the end
         )
+
+    def _on_mlflow_run(self) -> Callable[[str, str | None], None] | None:
+        """What hears an attached run's MLflow run (its host made it): this try's record of it and its link."""
+        return self.mlflow_run.started if self.mlflow_run is not None else None
 
     def _check_xcom_value(self, value: Any) -> None:
         """A value no XCom can hold fails the task for good (a retry would train again, to the same end)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +95,7 @@ class Job:
         progress_sink: ProgressSink | None = None,
         logs: bool = True,
         fetch: bool = True,
+        on_mlflow_run: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self._ident = ident
         self.id = ident.dumps()
@@ -110,12 +111,24 @@ class Job:
         #: after the outcome: the metrics history ``{"loss": [(step, value), ...]}`` and the last checkpoint
         self.metrics: dict[str, list[tuple[float, float | None]]] = {}
         self.checkpoint: dict[str, Any] | None = None
+        #: the run's MLflow run (``mlflow=``), which its host made, once the host said so: its id and UI URL
+        self.mlflow_run_id: str | None = None
+        self.mlflow_run_url: str | None = None
+        self._on_mlflow_run = on_mlflow_run
+
+    def _mlflow_run(self, run_id: str, url: str | None) -> None:
+        """The host named the run's MLflow run (each attach hears it again): ``on_mlflow_run`` hears it once."""
+        if run_id == self.mlflow_run_id:
+            return
+        self.mlflow_run_id, self.mlflow_run_url = run_id, url
+        if self._on_mlflow_run is not None:
+            self._on_mlflow_run(run_id, url)
 
     def _connect(self, after: int | None = None) -> None:
         from .durable.client import LinkClient
 
         liveness = Liveness(self._address.interval_s, self._address.timeout_s)
-        client = LinkClient(self._address, liveness, self._logs, self._sink, after, self._fetch)
+        client = LinkClient(self._address, liveness, self._logs, self._sink, after, self._fetch, self._mlflow_run)
         client.connect()
         self._client = client
 
@@ -347,6 +360,7 @@ def attach(
     progress_sink: ProgressSink | None = None,
     logs: bool = True,
     fetch: bool = True,
+    on_mlflow_run: Callable[[str, str | None], None] | None = None,
 ) -> Job:
     """The handle of a submitted run, in any process, from its ``job.id``.
 
@@ -357,6 +371,8 @@ def attach(
         the last line any client relayed); False for a client that only cancels or waits.
     :param fetch: False for a handle that only watches the run (:meth:`Job.watch`) and leaves its outcome to a
         later one (Airflow's trigger, then the task resumed on a worker).
+    :param on_mlflow_run: called with the run's MLflow run id and UI URL (None where there is none) once its
+        host names it, for a run with ``mlflow=`` (also :attr:`Job.mlflow_run_id`, :attr:`Job.mlflow_run_url`).
 
     Raises :class:`JobNotFoundError` for an ended run (its session released) or an unknown id, and ValueError
     for what is not a run's id.
@@ -367,7 +383,7 @@ def attach(
     session = open_session(ident.connection(token), ident.session_id)
     try:
         address = find_link(session, ident, HOST_START_TIMEOUT_S)
-        job = Job(ident, session, address, progress_sink, logs, fetch)
+        job = Job(ident, session, address, progress_sink, logs, fetch, on_mlflow_run)
         try:
             job._connect()
         except OSError as exc:

@@ -6,12 +6,13 @@ The run's MLflow run itself is :mod:`.driver.tracking.mlflow_run`'s. Nothing her
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -165,6 +166,22 @@ def auth_env() -> dict[str, str]:
     env.update({USERNAME_ENV: creds.username} if creds.username else {})
     env.update({PASSWORD_ENV: creds.password} if creds.password else {})
     return env
+
+
+@contextlib.contextmanager
+def auth_environment(auth: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment holds ``auth`` (MLflow's client reads its credentials there, at each request)
+    within, and is as it was after: a submitted run's host makes its MLflow run with the submitter's."""
+    before = {name: os.environ.get(name) for name in auth}
+    os.environ.update(auth)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def credentials(tracking_uri: str | None, env: Mapping[str, str] | None = None) -> list[str]:

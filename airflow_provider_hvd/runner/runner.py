@@ -7,19 +7,19 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Unpack
 
 from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.barrier import SparkLauncher
 from .driver.launch.spark.cluster import active_session, session_conf
 from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
-from .driver.tracking.mlflow_run import MlflowRun, start_mlflow_run
+from .driver.tracking.mlflow_run import MlflowRun, resolved_tracking_uri, start_mlflow_run
 from .driver.tracking.progress import RunProgress
 from .driver.verdict.stacks import CodeFiles
 from .driver.watch.channel import rank_logs_visible
 from .errors import LaunchError, RunCancelledError
-from .mlflow_settings import import_mlflow
+from .mlflow_settings import MlflowSettings, auth_env, import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
 from .shared.liveness import Liveness, liveness_settings, warn_if_gloo_first
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
@@ -261,10 +261,6 @@ class _Runner:
                 "classic Spark this process is the run's driver and the run cannot outlive it, so use run() here, "
                 "or a Spark Connect server (YARN/Kubernetes cluster mode is a design: docs/durable-runs.md)."
             )
-        if self.settings.mlflow is not None:
-            raise LaunchError(
-                f"{runner}.submit() does not make MLflow runs yet (mlflow=): use run(), or log to MLflow from rank 0."
-            )
         with self._tracked_run() as run:
             payload = self._payload(run, main, args, kwargs)
             kind = self._rank_kind()
@@ -289,6 +285,7 @@ class _Runner:
                 settings.resume_from,
                 settings.detached_timeout,
                 CodeFiles(main, args, kwargs),
+                *self._host_mlflow(),
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]
@@ -297,7 +294,18 @@ class _Runner:
                 settings.progress_sink,
                 lambda: run.cancelled,
                 self._announce,
+                settings.mlflow.on_start if settings.mlflow is not None else None,
             )
+
+    def _host_mlflow(self) -> tuple[MlflowSettings | None, dict[str, Any], dict[str, str]]:
+        """What a submitted run's host makes its MLflow run with (``mlflow``): the settings with the tracking URI
+        this process resolves (the host's environment has none of its own) and without ``on_start`` (the
+        submitter's, told over the link), the params, and this process's MLflow credentials."""
+        mlflow = self.settings.mlflow
+        if mlflow is None:
+            return None, {}, {}
+        resolved = replace(mlflow, tracking_uri=resolved_tracking_uri(mlflow), on_start=None)
+        return resolved, self._mlflow_params(), auth_env()
 
     def _size(self) -> int:
         """How many ranks a Spark run has."""

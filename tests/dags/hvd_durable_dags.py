@@ -57,6 +57,7 @@ def trainer(task_id: str, **kwargs: object) -> TorchDistributorOperator:
         conn_id="spark_connect_default",
         retries=1,
         retry_delay=timedelta(seconds=1),
+        mlflow=True,  # the deployment's MLFLOW_TRACKING_URI: one MLflow run for the run, whichever try attaches
         **kwargs,
     )
 

@@ -11,6 +11,7 @@ import contextvars
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..driver.watch.channel import log_rank_lines, rank_log
@@ -34,12 +35,14 @@ class LinkClient:
         progress_sink: ProgressSink | None = None,
         after: int | None = None,
         fetch: bool = True,
+        on_mlflow_run: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.address = address
         self._liveness = liveness
         self._logs = logs
         self._sink = progress_sink
         self._fetch = fetch  # False: a watcher, which leaves the outcome on the host for a later client
+        self._on_mlflow_run = on_mlflow_run
         self.next_line = after  # the next line this client relays (None: where the host says)
         self.status: link.Status | None = None
         self.outcome: link.Outcome | None = None
@@ -122,6 +125,13 @@ class LinkClient:
         self.send(link.Ack(line))
 
     def _progress(self, message: link.Progress) -> None:
+        if message.what == link.MLFLOW_RUN:
+            if self._on_mlflow_run is not None:
+                try:
+                    self._on_mlflow_run(str(message.value["run_id"]), message.value.get("url"))
+                except Exception:  # noqa: BLE001 - the caller's hook is not the run's
+                    log.exception("taking the run's MLflow run failed")
+            return
         if self._sink is None:
             return
         try:

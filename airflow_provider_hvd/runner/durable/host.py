@@ -18,10 +18,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunCancelledError
+from ..mlflow_settings import MlflowSettings, auth_environment
 from ..shared.liveness import Liveness
 from ..shared.messages import Message
 from ..shared.naming import RunnerNaming
@@ -35,6 +36,7 @@ from .ring import LineRing, entry_lines
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
+    from ..driver.tracking.mlflow_run import MlflowRun
     from ..driver.verdict.stacks import CodeFiles
     from ..driver.watch.supervisor import Supervisor
 
@@ -66,6 +68,11 @@ class HostSpec:
     resume_from: dict[str, Any] | None
     detached_timeout: float
     code_files: CodeFiles | None
+    #: the run's MLflow run, made and ended by the host: its settings (the tracking URI as the submitter
+    #: resolved it, no ``on_start``), params, and the submitter's MLflow credentials (they travel in the plan)
+    mlflow: MlflowSettings | None = None
+    mlflow_params: dict[str, Any] = field(default_factory=dict)
+    mlflow_auth: dict[str, str] = field(default_factory=dict)
     connection: str = ""  # sc://host:port/;params, the server's token among them (it travels in the plan)
     run_session: str = ""
     tag: str = ""
@@ -231,6 +238,11 @@ class Host:
         return "ended"
 
     def _supervise(self, keepalive: _KeepAlive) -> None:
+        with auth_environment(self.spec.mlflow_auth):
+            self._supervise_tracked(keepalive)
+
+    def _supervise_tracked(self, keepalive: _KeepAlive) -> None:
+        from ..driver.tracking.mlflow_run import start_mlflow_run
         from ..driver.tracking.progress import RunProgress
 
         spec = self.spec
@@ -240,12 +252,24 @@ class Host:
         result: bytes | None = None
         error: BaseException | None = None
         ranks: SparkSession | None = None
+        tracking: MlflowRun | None = None
         try:
             ranks = open_session(spec.connection, None)
             keepalive.sessions.append(ranks)
             with contextlib.suppress(Exception):  # (only a cancel without a link reads it)
                 keepalive.sessions[0].conf.set(link.RANKS_CONF, ranks.session_id)
-            self._supervisor = self._make_supervisor(ranks, progress)
+            tracking = start_mlflow_run(
+                spec.mlflow,
+                spec.naming.runner,
+                spec.size,
+                spec.mlflow_params,
+                ranks.conf.get("spark.app.id", None),
+                spec.metrics_rank,
+                spec.mlflow_auth,
+            )
+            if tracking is not None and tracking.run_id is not None:  # every client, attached now or later
+                self.progress_write(link.MLFLOW_RUN, {"run_id": tracking.run_id, "url": tracking.url})
+            self._supervisor = self._make_supervisor(ranks, progress, tracking)
             body = self._supervisor.run_raw()
             result = body.read() if isinstance(body, Pieces) else bytes(body)
         except BaseException as exc:  # noqa: BLE001 - every end is the run's outcome, for the client
@@ -257,6 +281,8 @@ class Host:
                 )
         finally:
             progress.flush()
+            if tracking is not None:
+                tracking.end(error)
             if ranks is not None:
                 with contextlib.suppress(Exception):
                     release(ranks)
@@ -271,7 +297,7 @@ class Host:
         if error is not None:
             log.info("%s: the run ended: %s", spec.naming.runner, first_line(error))
 
-    def _make_supervisor(self, ranks: SparkSession, progress: Any) -> Supervisor:
+    def _make_supervisor(self, ranks: SparkSession, progress: Any, tracking: MlflowRun | None) -> Supervisor:
         from ..driver.launch.spark.barrier import SparkLauncher
         from ..driver.ranks.kind import RankKind, horovod_kind, torch_kind
         from ..driver.watch.supervisor import Supervisor
@@ -300,6 +326,7 @@ class Host:
             channel_tls=spec.channel_tls,
             kind=kind,
             exit_timeout_s=spec.exit_timeout,
+            tracking=tracking,
         )
 
     def _keep_outcome(self) -> None:

@@ -27,6 +27,8 @@ LINK_CONF = "spark.horovodRunner.durable.link"
 RANKS_CONF = "spark.horovodRunner.durable.ranks"
 #: what a host that Spark retried writes into LINK_CONF in place of an address: the run's first host was lost
 HOST_LOST = "lost"
+#: the Progress that names the run's MLflow run (``{"run_id", "url"}``), which its host made
+MLFLOW_RUN = "mlflow_run"
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Status(Message):
 @dataclass(frozen=True)
 class Progress(Message):
     KIND: ClassVar[Kind] = Kind.LINK_PROGRESS
-    what: str  # "metrics" or "checkpoint": the ProgressSink method
+    what: str  # "metrics" or "checkpoint" (the ProgressSink method), or MLFLOW_RUN
     value: dict[str, Any]
 
 

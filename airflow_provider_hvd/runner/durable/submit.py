@@ -72,9 +72,10 @@ def submit_run(
     progress_sink: ProgressSink | None,
     cancelled: Callable[[], bool],
     announce: Callable[[str], None] | None = None,
+    on_mlflow_run: Callable[[str, str | None], None] | None = None,
 ) -> Job:
     """Start the run's host on the server of ``spark`` and return the run's handle, attached; ``announce`` is
-    told the run's id before the host starts."""
+    told the run's id before the host starts, ``on_mlflow_run`` its MLflow run once the host made it."""
     from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
     from ..driver.launch.spark.connect_client import interrupt_tag
     from ..jobs import Job, JobId
@@ -122,7 +123,7 @@ def submit_run(
                 )
             time.sleep(_LINK_POLL_S)
         log.info("%s: submitted; its host runs at %s:%d (%s)", runner, address.host, address.port, ident.describe())
-        job = Job(ident, run_session, address, progress_sink)
+        job = Job(ident, run_session, address, progress_sink, on_mlflow_run=on_mlflow_run)
         job._connect()
     except BaseException:
         try:

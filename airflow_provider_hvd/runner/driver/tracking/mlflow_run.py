@@ -79,6 +79,12 @@ def _absolute(uri: str) -> str:
     return uri
 
 
+def resolved_tracking_uri(settings: MlflowSettings) -> str:
+    """The tracking server a run's MLflow run goes to: its settings', else MLflow's of this process (its
+    ``MLFLOW_TRACKING_URI``, else its default), a local store's path made absolute."""
+    return _absolute(settings.tracking_uri or import_mlflow().get_tracking_uri())
+
+
 def _unreachable(tracking_uri: str) -> str | None:
     """Why an http(s) tracking server cannot be reached (a connection within ``MLFLOW_CONNECT_S``), or None."""
     parts = urllib.parse.urlsplit(tracking_uri)
@@ -113,8 +119,10 @@ class MlflowRun:
         params: Mapping[str, Any],
         spark_app_id: str | None = None,
         metrics_rank: int = 0,
+        auth: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self._auth = auth  # MLflow's authentication settings, when not this process's (auth_env())
         self.runner = runner
         self.metrics_rank = metrics_rank
         self.params = {key: str(value)[:_TAG_MAX] for key, value in params.items()}
@@ -146,9 +154,8 @@ class MlflowRun:
 
     def start(self) -> bool:
         """Create the run (on the writer thread), waiting at most ``START_WAIT_S``; whether there is one."""
-        mlflow = import_mlflow()
-        self.tracking_uri = _absolute(self.settings.tracking_uri or mlflow.get_tracking_uri())
-        self._secrets = credentials(self.tracking_uri)
+        self.tracking_uri = resolved_tracking_uri(self.settings)
+        self._secrets = credentials(self.tracking_uri, self._auth)
         uri = shown_uri(self.tracking_uri)
         why = _unreachable(self.tracking_uri)
         if why is not None:
@@ -182,7 +189,7 @@ class MlflowRun:
         get nothing."""
         if rank != 0 or self.run_id is None or self.tracking_uri is None or self.experiment_id is None:
             return {}
-        uri, auth = self.tracking_uri, auth_env()
+        uri, auth = self.tracking_uri, dict(auth_env() if self._auth is None else self._auth)
         parts = user_info(uri)
         if parts is not None and ":" in parts[1] and urllib.parse.urlsplit(uri).scheme in ("http", "https"):
             # MLflow prints an http(s) run's URL as the run ends ("View run ... at <tracking URI>/#/..."): the URI's
@@ -391,13 +398,15 @@ def start_mlflow_run(
     params: Mapping[str, Any],
     spark_app_id: str | None,
     metrics_rank: int,
+    auth: Mapping[str, str] | None = None,
 ) -> MlflowRun | None:
     """The run's MLflow run, created; None when ``settings`` is None or the tracking server did not make it
-    (one warning said so)."""
+    (one warning said so). ``auth``: MLflow's authentication settings where they are not this process's (a
+    submitted run's host has the submitter's)."""
     if settings is None:
         return None
     started = time.monotonic()
-    mlflow_run = MlflowRun(settings, runner, size, params, spark_app_id, metrics_rank)
+    mlflow_run = MlflowRun(settings, runner, size, params, spark_app_id, metrics_rank, auth)
     try:
         created = mlflow_run.start()
     except BaseException as error:  # an interrupt, or on_start's: the run (maybe made by now) ends KILLED/FAILED
