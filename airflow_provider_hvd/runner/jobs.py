@@ -372,7 +372,7 @@ def attach(
     :param fetch: False for a handle that only watches the run (:meth:`Job.watch`) and leaves its outcome to a
         later one (Airflow's trigger, then the task resumed on a worker).
     :param on_mlflow_run: called with the run's MLflow run id and UI URL (None where there is none) once its
-        host names it, for a run with ``mlflow=`` (also :attr:`Job.mlflow_run_id`, :attr:`Job.mlflow_run_url`).
+        host names it, for a run with ``mlflow=`` (also ``job.mlflow_run_id`` and ``job.mlflow_run_url``).
 
     Raises :class:`JobNotFoundError` for an ended run (its session released) or an unknown id, and ValueError
     for what is not a run's id.
