@@ -181,6 +181,25 @@ def horovod_ids() -> list:
     return hvd.allgather_object({"rank": hvd.rank(), "shard": shard.index, "ids": ids})
 
 
+def ddp_ids_and_hosts(folder: str) -> list:
+    """Each DDP rank's host (its UTS name) and its shard's ids, gathered to rank 0; where its shard file is (as
+    /proc shows it) in ``folder``/rank-N."""
+    import torch.distributed as dist
+
+    from airflow_provider_hvd import dataframe_shard
+
+    dist.init_process_group("gloo")
+    shard = dataframe_shard()
+    ids = [int(i) for batch in shard.iter_batches(256, columns=["id"]) for i in batch["id"]]
+    rank = dist.get_rank()
+    with open(os.path.join(folder, f"rank-{rank}"), "w") as out:
+        out.write(os.readlink(shard.info.path))
+    views: list = [None] * dist.get_world_size()
+    dist.all_gather_object(views, {"rank": rank, "host": os.uname().nodename, "ids": ids})
+    dist.destroy_process_group()
+    return views
+
+
 def ask_for_a_shard() -> None:
     from airflow_provider_hvd import dataframe_shard
 

@@ -390,3 +390,29 @@ def test_torch_ranks_on_two_hosts(hosts):
     assert len(set(placed)) == 2, [view["host"] for view in views]
     assert [view["gloo_iface"] for view in views] == [host.iface for host in placed]
     assert {view["env"]["MASTER_ADDR"] for view in views} == {hosts.driver_address}
+
+
+def test_a_dataframes_rows_reach_ranks_on_two_hosts_and_their_files_go_with_the_run(hosts, tmp_path):
+    """train_on_dataframe with a DDP rank on each of two hosts: each rank its own shard (together every row, one
+    row apart at most), and no process holds a shard file once the run is over."""
+    from dataframe_jobs import by_value, ddp_ids_and_hosts
+    from test_dataframe_feed import holders_of_files
+
+    from airflow_provider_hvd import TorchDistributor
+
+    spark = session(hosts, 1, 2)
+    try:
+        df = spark.range(0, 3001, numPartitions=5)
+        with by_value(ddp_ids_and_hosts):
+            views = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).train_on_dataframe(
+                ddp_ids_and_hosts, df, str(tmp_path)
+            )
+    finally:
+        spark.stop()
+    placed = {next(host for host in hosts.hosts if host.name == view["host"]) for view in views}
+    assert len(placed) == 2, [view["host"] for view in views]
+    first, second = (view["ids"] for view in views)
+    assert sorted(first + second) == list(range(3001)) and not set(first) & set(second)
+    assert abs(len(first) - len(second)) == 1
+    links, held = holders_of_files(tmp_path, 2)
+    assert all(link.endswith(" (deleted)") for link in links) and held == [], (links, held)
