@@ -238,6 +238,7 @@ class Host:
         return "ended"
 
     def _supervise(self, keepalive: _KeepAlive) -> None:
+        # the submitter's MLflow credentials where the run's MLflow run reads them: its client here, rank 0's env
         with auth_environment(self.spec.mlflow_auth):
             self._supervise_tracked(keepalive)
 
@@ -265,7 +266,6 @@ class Host:
                 spec.mlflow_params,
                 ranks.conf.get("spark.app.id", None),
                 spec.metrics_rank,
-                spec.mlflow_auth,
             )
             if tracking is not None and tracking.run_id is not None:  # every client, attached now or later
                 self.progress_write(link.MLFLOW_RUN, {"run_id": tracking.run_id, "url": tracking.url})

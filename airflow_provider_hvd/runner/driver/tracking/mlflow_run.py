@@ -119,10 +119,8 @@ class MlflowRun:
         params: Mapping[str, Any],
         spark_app_id: str | None = None,
         metrics_rank: int = 0,
-        auth: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
-        self._auth = auth  # MLflow's authentication settings, when not this process's (auth_env())
         self.runner = runner
         self.metrics_rank = metrics_rank
         self.params = {key: str(value)[:_TAG_MAX] for key, value in params.items()}
@@ -155,7 +153,7 @@ class MlflowRun:
     def start(self) -> bool:
         """Create the run (on the writer thread), waiting at most ``START_WAIT_S``; whether there is one."""
         self.tracking_uri = resolved_tracking_uri(self.settings)
-        self._secrets = credentials(self.tracking_uri, self._auth)
+        self._secrets = credentials(self.tracking_uri)
         uri = shown_uri(self.tracking_uri)
         why = _unreachable(self.tracking_uri)
         if why is not None:
@@ -189,7 +187,7 @@ class MlflowRun:
         get nothing."""
         if rank != 0 or self.run_id is None or self.tracking_uri is None or self.experiment_id is None:
             return {}
-        uri, auth = self.tracking_uri, dict(auth_env() if self._auth is None else self._auth)
+        uri, auth = self.tracking_uri, auth_env()
         parts = user_info(uri)
         if parts is not None and ":" in parts[1] and urllib.parse.urlsplit(uri).scheme in ("http", "https"):
             # MLflow prints an http(s) run's URL as the run ends ("View run ... at <tracking URI>/#/..."): the URI's
@@ -398,15 +396,13 @@ def start_mlflow_run(
     params: Mapping[str, Any],
     spark_app_id: str | None,
     metrics_rank: int,
-    auth: Mapping[str, str] | None = None,
 ) -> MlflowRun | None:
     """The run's MLflow run, created; None when ``settings`` is None or the tracking server did not make it
-    (one warning said so). ``auth``: MLflow's authentication settings where they are not this process's (a
-    submitted run's host has the submitter's)."""
+    (one warning said so)."""
     if settings is None:
         return None
     started = time.monotonic()
-    mlflow_run = MlflowRun(settings, runner, size, params, spark_app_id, metrics_rank, auth)
+    mlflow_run = MlflowRun(settings, runner, size, params, spark_app_id, metrics_rank)
     try:
         created = mlflow_run.start()
     except BaseException as error:  # an interrupt, or on_start's: the run (maybe made by now) ends KILLED/FAILED
