@@ -149,6 +149,15 @@ def ddp_steps(epochs: int, batch_size: int) -> list:
     return views
 
 
+def record_shard_file(folder: str, shard: Any) -> str:
+    """Write where this rank's shard file is (as /proc shows it) to ``folder``/rank-N; this rank (N)."""
+    rank = os.environ["HVD_RUNNER_RANK"]
+    with open(os.path.join(folder, f"rank-{rank}.tmp"), "w") as out:
+        out.write(os.readlink(shard.info.path))
+    os.rename(os.path.join(folder, f"rank-{rank}.tmp"), os.path.join(folder, f"rank-{rank}"))
+    return rank
+
+
 def shard_file_then(folder: str, then: str) -> list[int]:
     """Write where this rank's shard file is (as /proc shows it) to ``folder``/rank-N; then return its ids,
     fail (``then="fail"``) or wait to be ended (``"wait"``)."""
@@ -158,10 +167,7 @@ def shard_file_then(folder: str, then: str) -> list[int]:
 
     shard = dataframe_shard()
     ids = [int(i) for batch in shard.iter_batches(64, columns=["id"]) for i in batch["id"]]
-    rank = os.environ["HVD_RUNNER_RANK"]
-    with open(os.path.join(folder, f"rank-{rank}.tmp"), "w") as out:
-        out.write(os.readlink(shard.info.path))
-    os.rename(os.path.join(folder, f"rank-{rank}.tmp"), os.path.join(folder, f"rank-{rank}"))
+    rank = record_shard_file(folder, shard)
     if then == "fail":
         raise RuntimeError(f"rank {rank} failed after reading its shard")
     if then == "wait":
@@ -191,11 +197,9 @@ def ddp_ids_and_hosts(folder: str) -> list:
     dist.init_process_group("gloo")
     shard = dataframe_shard()
     ids = [int(i) for batch in shard.iter_batches(256, columns=["id"]) for i in batch["id"]]
-    rank = dist.get_rank()
-    with open(os.path.join(folder, f"rank-{rank}"), "w") as out:
-        out.write(os.readlink(shard.info.path))
+    record_shard_file(folder, shard)
     views: list = [None] * dist.get_world_size()
-    dist.all_gather_object(views, {"rank": rank, "host": os.uname().nodename, "ids": ids})
+    dist.all_gather_object(views, {"rank": dist.get_rank(), "host": os.uname().nodename, "ids": ids})
     dist.destroy_process_group()
     return views
 
