@@ -9,7 +9,12 @@ batch's columns are summed (every reader touches every value). Measured in each 
   ``_get_spark_partition_data_loader(rows per rank, 1024)``;
 - the limit: NumPy over the same Arrow file as ours, memory-mapped (in our ranks, after our two epochs).
 
-rows/s and MB/s into each rank (the slower rank's), and the seconds from the call to rank 0's first batch. Run::
+rows/s and MB/s into each rank (the slower rank's), and the seconds from the call to rank 0's first batch. Then
+an agent's memory while its shard streams in: the barrier job over the same shard plan, each task running the
+agent's shard writer (``receive_shards``, as the agent does before its rank starts); its peak resident memory
+(``VmHWM``, reset once the task's first batch is in: its imports done) beyond the task's memory then (measured
+first, in Python workers that have not yet held a shard's batches), against the largest Arrow batch it got
+(``spark.sql.execution.arrow.maxRecordsPerBatch`` rows). Run::
 
     .venv/bin/python benchmarks/dataframe_feed.py --rows 10000000 [--json out.json]
 """
@@ -51,6 +56,7 @@ def read_ours(batch_size: int) -> dict[str, float]:
             for values in batch.values():
                 values.sum()
         passes.append(time.perf_counter() - started)
+    pa.array([0.0]).to_numpy()  # Arrow's first conversion to NumPy imports pandas: not the limit's to pay
     started = time.perf_counter()
     for record_batch in pa.ipc.open_stream(pa.memory_map(shard.info.path)):
         columns = [np.asarray(column.to_numpy(zero_copy_only=True)) for column in record_batch.columns]
@@ -98,6 +104,46 @@ def gathered(function: Any) -> Any:
     return on_every_rank
 
 
+def agent_memory(spark: Any, df: Any, ranks: int) -> list[dict[str, int]]:
+    """Each barrier task's growth while the agent's shard writer takes its rows: its peak beyond what it held
+    once the first batch was in (its imports done), in bytes; the shard's rows; the largest Arrow batch it got."""
+    from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import plan_shards
+
+    plan = plan_shards(df, spark, ranks)
+    feed = plan.feed  # (what the tasks need: the plan's DataFrame stays here)
+
+    def task(batches: Any) -> Any:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+
+        def status(key: str) -> int:
+            with open("/proc/self/status") as lines:
+                return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(key + ":"))
+
+        largest, before = [0], [0]
+
+        def measured(batches: Any) -> Any:
+            for batch in batches:
+                if not largest[0]:  # the first batch is in: the task's imports are done, its reader running
+                    with open("/proc/self/clear_refs", "w") as clear:
+                        clear.write("5")  # the peak (VmHWM) starts again from what the task holds now
+                    before[0] = status("VmRSS")
+                largest[0] = max(largest[0], batch.nbytes)
+                yield batch
+
+        with receive_shards(measured(batches), feed, BarrierTaskContext.get().partitionId()) as shards:
+            written = shards.shards[0].info.rows
+        growth = status("VmHWM") - before[0]
+        yield pa.RecordBatch.from_pydict(
+            {"before": before, "growth": [growth], "rows": [written], "batch_bytes": largest}
+        )
+
+    frame = plan.frame.mapInArrow(task, "before long, growth long, rows long, batch_bytes long", barrier=True)
+    return [row.asDict() for row in frame.collect()]
+
+
 def measure(spark: Any, rows: int) -> dict[str, Any]:
     from pyspark.ml.torch.distributor import TorchDistributor as PySparks
     from pyspark.sql import functions as F
@@ -107,6 +153,7 @@ def measure(spark: Any, rows: int) -> dict[str, Any]:
     df = spark.range(0, rows, numPartitions=2).select(
         *[(F.col("id") * (k + 1)).cast("float").alias(f"c{k}") for k in range(COLUMNS)]
     )
+    memory = agent_memory(spark, df, 2)  # first: in Python workers that have not yet held a shard's batches
     called = time.time()
     ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).train_on_dataframe(
         gathered(read_ours), df, BATCH
@@ -129,7 +176,7 @@ def measure(spark: Any, rows: int) -> dict[str, Any]:
     }
     for figure in figures.values():
         figure["mb_per_s"] = figure["rows_per_s"] * ROW_BYTES / 1e6
-    return figures
+    return {"agent_memory": memory, **figures}
 
 
 def format_report(figures: dict[str, Any], rows: int) -> str:
@@ -143,18 +190,33 @@ def format_report(figures: dict[str, Any], rows: int) -> str:
         ["reader", "rows/s per rank", "MB/s per rank", "call → rank 0's first batch (s)"],
         [
             [
-                labels[name],
-                f"{figure['rows_per_s']:,.0f}",
-                f"{figure['mb_per_s']:,.0f}",
-                shown(figure["first_batch_s"], 1),
+                label,
+                f"{figures[name]['rows_per_s']:,.0f}",
+                f"{figures[name]['mb_per_s']:,.0f}",
+                shown(figures[name]["first_batch_s"], 1),
             ]
-            for name, figure in figures.items()
+            for name, label in labels.items()
         ],
     )
     ours, again, theirs, limit = (figures[name]["rows_per_s"] for name in ("ours", "ours_again", "pyspark", "limit"))
+    memory = markdown_table(
+        ["task", "shard (MB)", "largest Arrow batch (MB)", "at its first batch (MB)", "peak growth (MB)", "(batches)"],
+        [
+            [
+                str(task),
+                f"{task_figures['rows'] * ROW_BYTES / 1e6:,.0f}",
+                f"{task_figures['batch_bytes'] / 1e6:.2f}",
+                f"{task_figures['before'] / 1e6:.0f}",
+                f"{task_figures['growth'] / 1e6:.1f}",
+                f"{task_figures['growth'] / task_figures['batch_bytes']:.1f}",
+            ]
+            for task, task_figures in enumerate(figures["agent_memory"])
+        ],
+    )
     return (
         f"{rows:,} rows x {COLUMNS} float columns, local[2], 2 processes, batches of {BATCH}\n{table}\n"
-        f"ours / PySpark's: {ours / theirs:.1f}x; ours / limit: {ours / limit:.2f}x (second epoch {again / limit:.2f}x)"
+        f"ours / PySpark's: {ours / theirs:.1f}x; ours / limit: {ours / limit:.2f}x "
+        f"(second epoch {again / limit:.2f}x)\nAn agent's memory while its shard streams in:\n{memory}"
     )
 
 

@@ -38,8 +38,9 @@ from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
 from airflow_provider_hvd.runner.driver.launch.spark.cluster import is_connect
 from airflow_provider_hvd.runner.driver.launch.spark.connect_client import running_operations
 from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import murmur3_int, partition_keys, plan_shards
+from airflow_provider_hvd.runner.shared.arrow_views import fixed_width_view
 from airflow_provider_hvd.runner.shared.naming import TORCH_DISTRIBUTOR
-from airflow_provider_hvd.runner.shared.shards import SHARD_ENV, FeedSpec
+from airflow_provider_hvd.runner.shared.shards import ROW_COLUMN, SHARD_ENV, FeedSpec
 
 
 @pytest.fixture(params=["local[2]", "connect"])
@@ -365,6 +366,23 @@ def test_each_iteration_reads_the_mapped_file_in_place():
         assert shard.take([5, 0, 499])["x"].tolist() == [5, 0, 499]
 
 
+def test_every_fixed_width_type_is_read_in_place_as_arrows_own_conversion_gives_it():
+    """Integers and floats of every width, timestamps (with a time zone too) and durations, from a slice of an
+    array (an offset into its buffer): the in-place view has Arrow's ``to_numpy`` values and dtype."""
+    arrays = [pa.array([1, -2, 3, -4, 5], type=t) for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64())]
+    arrays += [pa.array([1, 2, 3, 4, 5], type=t) for t in (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())]
+    arrays += [pa.array(np.arange(5, dtype=dtype) / 2) for dtype in (np.float16, np.float32, np.float64)]
+    arrays += [pa.array(range(5), type=pa.timestamp(unit)) for unit in ("s", "ms", "us", "ns")]
+    arrays += [pa.array(range(5), type=pa.timestamp("us", tz="Europe/Paris")), pa.array(range(5), pa.duration("ms"))]
+    for array in arrays:
+        sliced = array.slice(1, 3)
+        view, expected = fixed_width_view(sliced), sliced.to_numpy(zero_copy_only=True)
+        assert view is not None and view.dtype == expected.dtype, array.type
+        assert view.tolist() == expected.tolist(), array.type
+    assert fixed_width_view(pa.array([1, None])) is None  # (nulls, booleans: not NumPy's layout)
+    assert fixed_width_view(pa.array([True, False])) is None
+
+
 def test_a_nullable_column_has_one_dtype_in_every_batch_of_the_shard():
     """A null in one record batch of the shard only: its integer column is float64 (NaN for the null) and its
     boolean column objects (None) in every batch, also those without a null, read in order, shuffled or taken;
@@ -478,6 +496,61 @@ def test_a_task_holds_a_few_batches_while_its_shard_streams_to_disk(spark_local)
     assert row["growth"] < 4 * batch_bytes, (
         f"grew {row['growth'] / 2**20:.1f} MiB for batches of {batch_bytes / 2**20:.1f} MiB"
     )
+
+
+FRESH_AGENT = """
+import sys
+
+import pyarrow as pa
+
+from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
+from airflow_provider_hvd.runner.shared.shards import FeedSpec
+
+
+def status(key):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(key + ":"))
+
+
+at_first = []
+
+
+def batches(stream):
+    for batch in stream:
+        if not at_first:  # the first batch is in, as in a Python worker reading its task's Arrow stream
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")  # the peak (VmHWM) starts again from here
+            at_first.append(status("VmRSS"))
+        yield batch
+
+
+stream = pa.ipc.open_stream(pa.OSFile(sys.argv[1]))
+with receive_shards(batches(stream), FeedSpec(run="t", rows=int(sys.argv[2]), ranks=1), 0, [sys.argv[3]]) as shards:
+    print(shards.shards[0].info.rows, status("VmHWM") - at_first[0])
+"""
+
+
+def test_a_new_agent_grows_by_a_few_batches_while_its_shard_streams_in(tmp_path):
+    """A new process (as a Python worker is when its task starts) writes a 29 MB shard that comes in batches of
+    1.8 MB from an Arrow stream: once its first batch is in, it grows by less than 4 batches (nothing it does
+    per batch imports a module: Arrow's own conversion to NumPy would import pandas, 45 MB)."""
+    rows, batch_rows = 400_000, 25_000  # 8 doubles and the row index: 72 bytes a row
+    with pa.OSFile(str(tmp_path / "task.arrow"), "wb") as sink:
+        ids = np.arange(rows, dtype=np.int64)
+        table = pa.table({**{f"c{k}": ids * float(k) for k in range(8)}, ROW_COLUMN: ids})
+        with pa.ipc.new_stream(sink, table.schema) as stream:
+            stream.write_table(table, max_chunksize=batch_rows)
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_AGENT, str(tmp_path / "task.arrow"), str(rows), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    written, growth = map(int, done.stdout.split())
+    assert written == rows
+    batch_bytes = batch_rows * 72
+    assert growth < 4 * batch_bytes, f"grew {growth / 2**20:.1f} MiB for batches of {batch_bytes / 2**20:.1f} MiB"
 
 
 def holders(link: str) -> list[int]:

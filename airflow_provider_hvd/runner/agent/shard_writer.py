@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..shared.arrow_views import fixed_width_view
 from ..shared.shards import ROW_COLUMN, FeedSpec, ShardInfo
 
 if TYPE_CHECKING:
@@ -139,7 +140,9 @@ class _Writer:
     def _check(self, rows: pa.Array) -> None:
         import numpy as np
 
-        got = rows.to_numpy(zero_copy_only=False)
+        got = fixed_width_view(rows)  # (the row index: longs, never null)
+        if got is None:
+            got = rows.to_numpy(zero_copy_only=False)
         wrong = np.flatnonzero(got != np.arange(self.next_row, self.next_row + len(got)))
         if wrong.size:
             what = f"the DataFrame's row {int(got[wrong[0]])} where row {self.next_row + int(wrong[0])} was due"

@@ -89,23 +89,6 @@ def column_kind(name: str, data_type: pa.DataType) -> str:
     )
 
 
-def fixed_width_view(array: pa.Array) -> NDArray[Any] | None:
-    """``array``'s values in place (no copy), where its layout is NumPy's: numbers without nulls, timestamps..."""
-    if (
-        array.null_count
-        or pat.is_boolean(array.type)
-        or not (
-            pat.is_integer(array.type)
-            or pat.is_floating(array.type)
-            or pat.is_timestamp(array.type)
-            or pat.is_duration(array.type)
-        )
-    ):
-        return None
-    view: NDArray[Any] = array.to_numpy(zero_copy_only=True)
-    return view
-
-
 def _differ(lengths: NDArray[Any], valid: NDArray[Any] | None) -> bool:
     """Whether these rows (their ``lengths``, ``valid`` where some are null) are not 2-D: none, a null, or two
     lengths."""

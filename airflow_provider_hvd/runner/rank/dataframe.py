@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ..shared.arrow_views import fixed_width_view
 from ..shared.shards import ShardInfo
-from .arrow_columns import column_kind, fixed_width_view, row_lengths_differ, to_numpy, with_nulls_dtype
+from .arrow_columns import column_kind, row_lengths_differ, to_numpy, with_nulls_dtype
 
 if TYPE_CHECKING:
     import torch
