@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from connect_server import connect_session
+from dataframe_jobs import ask_for_a_shard, horovod_ids
 from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, train_until_gate, wait_for_pids
 
 from airflow_provider_hvd import (
@@ -242,6 +243,57 @@ def test_submit_and_wait_return_what_run_returns(connect_durable):
             assert other.wait(60) == job.wait()  # the first fetch does not end the host before the other has it
 
 
+def test_a_submitted_run_on_a_dataframes_sql_gives_each_rank_its_rows_through_a_detach_and_attach(connect_durable):
+    """submit_on_dataframe with SQL: the run's host builds the DataFrame in its own session (3 partitions of 10
+    rows for 2 ranks) and plans its shards as run_on_dataframe does; the submitter detaches, another handle
+    attaches and gets rank 0's value: each rank had its own rows, every row once."""
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2, detached_timeout=300).submit_on_dataframe(
+            horovod_ids, "SELECT id FROM range(0, 10, 1, 3)"
+        )
+        job_id = job.id
+        job.close()
+    with attach(job_id, logs=False) as job:
+        views = job.wait(180)
+    assert {view["shard"]: view["ids"] for view in views} == {0: [0, 1, 2, 3, 4], 1: [5, 6, 7, 8, 9]}
+    assert sorted(view["rank"] for view in views) == [0, 1]
+
+
+def wait_until_gone(job_id: str, timeout: float = 60.0) -> JobNotFoundError:
+    """The JobNotFoundError of ``attach(job_id)`` once the run's host has released its sessions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            attach(job_id, logs=False).close()
+        except JobNotFoundError as exc:
+            return exc
+        assert time.monotonic() < deadline, f"the run {job_id} was still there after {timeout:g}s"
+        time.sleep(1)
+
+
+def test_a_dataframe_the_runs_host_cannot_build_or_use_is_the_runs_error(connect_durable):
+    """SQL naming a missing table, and a callable whose DataFrame has no rows: each run's error names the problem
+    (a LaunchError, as a launch's), no rank started, and the run's sessions are gone once the outcome is fetched."""
+    runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, detached_timeout=300)
+    with connect_session(connect_durable.url):  # (one run at a time: each holds a task slot for its host)
+        missing = runner.submit_on_dataframe(ask_for_a_shard, "SELECT x FROM no_such_table")
+        with pytest.raises(LaunchError) as caught:
+            missing.wait(180)
+        text = str(caught.value)
+        assert text.startswith("TorchDistributor: the run's host could not use the DataFrame of its SQL: "), text
+        assert "TABLE_OR_VIEW_NOT_FOUND" in text.splitlines()[0] and "`no_such_table`" in text.splitlines()[0], text
+        assert text.splitlines()[-1] == "SQL: SELECT x FROM no_such_table"
+        status = missing.status()
+        assert status.ended and status.ranks_started == 0 and status.cause == text.splitlines()[0]
+        empty = runner.submit_on_dataframe(ask_for_a_shard, lambda spark: spark.range(0).selectExpr("id AS x"))
+        with pytest.raises(LaunchError, match=r"DataFrame of the callable .*<lambda>: The DataFrame has no rows"):
+            empty.wait(180)
+    for job in (missing, empty):
+        job_id = job.id
+        job.close()
+        assert "has ended" in str(wait_until_gone(job_id))
+
+
 def logs_until_gate(gate: str) -> str | None:
     """Rank 0 reports a metric a step until ``gate`` exists, then logs one of its own with MLflow and returns the
     id of the MLflow run it logged into."""
@@ -349,6 +401,11 @@ def test_refusals_are_one_sentence(connect_durable):
         HorovodRunner(np=-2).submit(allreduce_sum)
     with pytest.raises(LaunchError, match=r"local_mode=True\)\.submit\(\): a local run lives in this process"):
         TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).submit(allreduce_sum)
+    with connect_session(connect_durable.url) as spark:
+        with pytest.raises(TypeError, match=r"submit_on_dataframe takes the DataFrame's recipe, not a DataFrame: "):
+            HorovodRunner(np=2).submit_on_dataframe(allreduce_sum, spark.range(4))
+    with pytest.raises(TypeError, match=r"takes the DataFrame's SQL \(a string\) or a callable .*, not int"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).submit_on_dataframe(allreduce_sum, 4)
     with pytest.raises(ValueError, match="is not a run's id: give job.id as submit"):
         attach("not an id")
     with pytest.raises(ValueError, match="detached_timeout must be a positive number of seconds"):

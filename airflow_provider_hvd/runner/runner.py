@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .driver.launch.launcher import Launcher
     from .driver.ranks.kind import RankKind
     from .driver.watch.supervisor import Supervisor
+    from .durable.dataframe_recipe import DataFrameRecipe
     from .jobs import Job
 
 
@@ -247,8 +248,15 @@ class _Runner:
         run (each runner says its own words)."""
         raise NotImplementedError
 
-    def _submit_job(self, main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Job:
-        """Start ``main(*args, **kwargs)`` on every rank, supervised inside the cluster; the run's handle."""
+    def _submit_job(
+        self,
+        main: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        dataframe: DataFrameRecipe | None = None,
+    ) -> Job:
+        """Start ``main(*args, **kwargs)`` on every rank, supervised inside the cluster; the run's handle. With
+        ``dataframe``, the run's host builds the DataFrame from it and each rank gets its shard of its rows."""
         from .driver.launch.spark.cluster import is_connect
         from .durable.host import HostSpec
         from .durable.submit import submit_run
@@ -286,6 +294,7 @@ class _Runner:
                 settings.detached_timeout,
                 CodeFiles(main, args, kwargs),
                 *self._host_mlflow(),
+                dataframe=dataframe,
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]
@@ -334,6 +343,14 @@ class _Runner:
             self._cancel_first_run = True
         for run in list(self._runs):
             run.cancelled = True
+
+
+def dataframe_recipe(recipe: object, naming: RunnerNaming, method: str) -> DataFrameRecipe:
+    """A submitted run's DataFrame recipe (its SQL, or a callable of a SparkSession); TypeError for a DataFrame
+    object, which the run's host could not use, saying what to pass instead."""
+    from .durable.dataframe_recipe import DataFrameRecipe
+
+    return DataFrameRecipe.of(recipe, naming, method)
 
 
 def check_fits(main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
@@ -415,6 +432,20 @@ class HorovodRunner(_Runner):
         """
         check_fits(main, (), kwargs)
         return self._submit_job(main, (), kwargs)
+
+    def submit_on_dataframe(
+        self, main: Callable[..., Any], dataframe: str | Callable[[SparkSession], DataFrame], /, **kwargs: Any
+    ) -> Job:
+        """:meth:`submit` of what :meth:`run_on_dataframe` runs. ``dataframe`` is the DataFrame's recipe, which
+        the run's host builds inside the cluster, in its own Spark session: a SQL string (run with
+        ``spark.sql``), or a callable that receives that SparkSession and returns the DataFrame (pickled as
+        ``main`` is). A DataFrame object is refused (``TypeError``): it belongs to this process's session. What
+        fails in the host (SQL that Spark refuses, a column the ranks cannot read, no rows) is the run's
+        ``LaunchError``, from ``job.wait()``. See docs/durable-runs.md.
+        """
+        recipe = dataframe_recipe(dataframe, self.naming, "submit_on_dataframe")
+        check_fits(main, (), kwargs)
+        return self._submit_job(main, (), kwargs, recipe)
 
     def _spark_launch(self) -> tuple[SparkSession, int, bool]:
         if self.num_processor < 0:

@@ -19,7 +19,7 @@ from .driver.launch.spark.capacity import TASK_GPUS
 from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
 from .errors import LaunchError
 from .rank.script import run_script
-from .runner import _Runner, check_dataframe, check_fits
+from .runner import _Runner, check_dataframe, check_fits, dataframe_recipe
 from .settings import PYSPARK_DEFAULTS, RunOptions, RunSettings, takes_run_settings
 from .shared.gpus import GPU, host_gpus, spark_gpus_here
 from .shared.naming import TORCH_DISTRIBUTOR
@@ -175,6 +175,20 @@ class TorchDistributor(_Runner):
             return self._submit_job(run_script, _script_args(train_object, args, kwargs), {})
         check_fits(train_object, args, kwargs)
         return self._submit_job(train_object, args, kwargs)
+
+    def submit_on_dataframe(
+        self,
+        train_function: Callable[..., Any],
+        dataframe: str | Callable[[SparkSession], DataFrame],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Job:
+        """:meth:`submit` of what :meth:`train_on_dataframe` runs, ``dataframe`` the DataFrame's recipe (its SQL,
+        or a callable that receives a SparkSession and returns it), which the run's host builds in its own
+        session: see ``HorovodRunner.submit_on_dataframe``."""
+        recipe = dataframe_recipe(dataframe, self.naming, "submit_on_dataframe")
+        check_fits(train_function, args, kwargs)
+        return self._submit_job(train_function, args, kwargs, recipe)
 
     def _spark_launch(self) -> tuple[SparkSession, int, bool]:
         if self.local_mode:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..driver.tracking.mlflow_run import MlflowRun
     from ..driver.verdict.stacks import CodeFiles
     from ..driver.watch.supervisor import Supervisor
+    from .dataframe_recipe import DataFrameRecipe
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 _PACKAGE_LOG = "airflow_provider_hvd"
@@ -73,6 +74,9 @@ class HostSpec:
     mlflow: MlflowSettings | None = None
     mlflow_params: dict[str, Any] = field(default_factory=dict)
     mlflow_auth: dict[str, str] = field(default_factory=dict)
+    #: a run on a DataFrame: its recipe, which the host builds in the ranks' session (a DataFrame object of the
+    #: submitter's session cannot be used in it), then plans and launches as ``run()`` on a DataFrame does
+    dataframe: DataFrameRecipe | None = None
     connection: str = ""  # sc://host:port/;params, the server's token among them (it travels in the plan)
     run_session: str = ""
     tag: str = ""
@@ -303,15 +307,20 @@ class Host:
         from ..driver.watch.supervisor import Supervisor
 
         spec = self.spec
-        launcher = SparkLauncher(
-            ranks,  # type: ignore[arg-type]  # (a Connect session has the classic one's API)
-            spec.size,
-            spec.slot_wait_timeout,
-            cancelled=self._cancelled,
-            per_task=spec.per_task,
-            use_gpus=spec.use_gpus,
-            naming=spec.naming,
-        )
+        recipe = spec.dataframe
+        # a run on a DataFrame: built here from its recipe, its shards planned by the launcher (its row count a
+        # Spark job that a cancel interrupts); what fails is the run's LaunchError, naming the problem
+        with recipe.failures(spec.naming.runner) if recipe is not None else contextlib.nullcontext():
+            launcher = SparkLauncher(
+                ranks,  # type: ignore[arg-type]  # (a Connect session has the classic one's API)
+                spec.size,
+                spec.slot_wait_timeout,
+                cancelled=self._cancelled,
+                per_task=spec.per_task,
+                use_gpus=spec.use_gpus,
+                naming=spec.naming,
+                dataframe=recipe.build(ranks) if recipe is not None else None,
+            )
         kind: RankKind = horovod_kind() if spec.kind == "Horovod" else torch_kind()
         return Supervisor(
             launcher,

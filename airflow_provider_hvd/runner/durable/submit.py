@@ -83,8 +83,9 @@ def submit_run(
     runner = spec.naming.runner
     app = ConnectApp(spark, "", spec.naming)
     limit, bound_by = job_limit(app.conf)
-    if len(payload) > limit:
-        raise job_too_large(len(payload), limit, bound_by, app.url)
+    size = len(payload) + (spec.dataframe.size if spec.dataframe is not None else 0)  # (both in the host's plan)
+    if size > limit:
+        raise job_too_large(size, limit, bound_by, app.url)
     check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
     connection, shown, user_id = connection_string(spark)
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"

@@ -181,6 +181,28 @@ def _check_size(
     )
 
 
+def _modules_by_value(fn: Callable[..., Any]) -> list[ModuleType]:
+    """``fn``'s module and the modules beside it, unless it is installed: what goes by value with ``fn``."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return [module, *modules_beside(module)] if module is not None and not is_installed(module) else []
+
+
+def dumps_callable(fn: Callable[..., Any], what: str) -> bytes:
+    """``fn`` alone, pickled as :func:`dumps_job` pickles main (its module by value unless installed); TypeError
+    naming ``what`` when it cannot be pickled."""
+    with _BY_VALUE_LOCK, _by_value(_modules_by_value(fn)):
+        try:
+            pickled: bytes = cloudpickle.dumps(fn)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise TypeError(
+                f"{what}, {getattr(fn, '__qualname__', type_name(fn))}, cannot be pickled to travel to the run's "
+                f"host ({type(exc).__name__}: {exc}); build what it needs inside it"
+            ) from exc
+    return pickled
+
+
 def dumps_job(
     fn: Callable[..., Any],
     args: Sequence[Any],
@@ -198,9 +220,7 @@ def dumps_job(
     ``warn_bytes``); raises
     ``TypeError`` naming where an unpicklable object sits.
     """
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    by_value = [module, *modules_beside(module)] if module is not None and not is_installed(module) else []
-    with _BY_VALUE_LOCK, _by_value(by_value):
+    with _BY_VALUE_LOCK, _by_value(_modules_by_value(fn)):
         try:
             payload: bytes = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
         except MemoryError:
