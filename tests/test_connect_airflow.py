@@ -191,19 +191,20 @@ def test_deferrable_on_a_classic_connection_is_refused_in_one_sentence(dags, spa
     )
 
 
-def test_a_dataframe_callable_over_spark_connect_trains_on_its_rows_in_the_tasks_process(
-    dags, spark_connect_default, capsys
+def test_a_dataframe_callable_over_spark_connect_trains_on_its_rows_in_a_run_that_outlives_its_task(
+    dags, spark_connect_default, caplog, capsys
 ):
-    """dataframe= on a spark_connect connection: the DataFrame is built in the task's Connect session and its
-    rows shared out among the ranks; such a run is not submitted to outlive the task yet, and the log says so."""
+    """dataframe= on a spark_connect connection: durable as any run there, the task submits it with the callable
+    (pickled by value from the DAG file), and the run's host builds the DataFrame in its own session and shares
+    its rows out among the ranks."""
     run = dags["hvd_dataframe_over_connect"].test()  # (tests/dags/dataframe_test_dags.py)
     task_log = capsys.readouterr().out
     assert states(run) == {"sum_squares": "success"}, task_log[-3000:]
     assert xcom(run, "sum_squares") == {"rank": 0, "rows": 10, "total": 2 * 285, "shard_rows": 5}
-    assert (
-        "Task 'sum_squares' runs in the task's process, not durably: a run with dataframe= is not submitted to "
-        "outlive the task yet" in task_log
-    ), task_log[-3000:]
+    assert "Submitted the run: {" in task_log, task_log[-3000:]
+    assert "not durably" not in task_log, task_log[-3000:]
+    said = task_log + caplog.text  # (the host's lines, relayed to the task's loggers)
+    assert "building the run's DataFrame from the callable squares in the run's host" in said, said[-3000:]
 
 
 def test_a_trigger_run_again_after_its_triggerer_stopped_attaches_to_the_same_run(

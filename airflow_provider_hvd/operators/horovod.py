@@ -28,7 +28,9 @@ class HorovodRunnerOperator(TrainingJobOperator):
     :param spark_conf: Spark settings on top of the connection's (templated).
     :param dataframe: training data from Spark: a SQL string (templated), or a callable that receives the task's
         SparkSession and returns a DataFrame; built in the task's session (classic or Connect), its rows are
-        shared out among the ranks (``HorovodRunner.run_on_dataframe``: ``dataframe_shard()`` in the ranks).
+        shared out among the ranks (``HorovodRunner.run_on_dataframe``: ``dataframe_shard()`` in the ranks). A
+        run that outlives the task (``spark_connect``) has its host build it, from the rendered SQL or the
+        callable, in the run's own session (``HorovodRunner.submit_on_dataframe``).
         Needs ``np > 0`` and ``op_kwargs`` (not ``op_args``). See docs/dataframes.md.
     :param openlineage_inject_parent_job_info: give the Spark session OpenLineage's parent job, this task
         (``spark.openlineage.parentJobName``, ``parentRunId``, ``rootParent*``...), as the apache-spark provider's
@@ -114,5 +116,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
             return runner.run_on_dataframe(self.python_callable, dataframe, **kwargs)
         return runner.run_with_args(self.python_callable, args, kwargs)
 
-    def submit(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def submit(self, runner: Any, args: list[Any], kwargs: dict[str, Any], dataframe: Any = None) -> Any:
+        if dataframe is not None:
+            return runner.submit_on_dataframe(self.python_callable, dataframe, **kwargs)
         return runner.submit_with_args(self.python_callable, args, kwargs)

@@ -34,8 +34,9 @@ class TorchDistributorOperator(TrainingJobOperator):
     :param dataframe: training data from Spark: a SQL string (templated), or a callable that receives the task's
         SparkSession and returns a DataFrame; built in the task's session (classic or Connect), its rows are
         shared out among the processes (``TorchDistributor.train_on_dataframe``: ``dataframe_shard()`` or
-        ``get_spark_partition_data_loader(...)`` in the processes). Needs ``local_mode=False``. See
-        docs/dataframes.md.
+        ``get_spark_partition_data_loader(...)`` in the processes); a run that outlives the task has its host
+        build it in the run's own session (``TorchDistributor.submit_on_dataframe``). Needs ``local_mode=False``.
+        See docs/dataframes.md.
     :param openlineage_inject_parent_job_info: OpenLineage's parent job in the Spark session's settings
         (default None: ``[openlineage] spark_inject_parent_job_info``): as :class:`HorovodRunnerOperator`'s.
     :param openlineage_inject_transport_info: OpenLineage's transport there (default None: ``[openlineage]
@@ -119,5 +120,7 @@ class TorchDistributorOperator(TrainingJobOperator):
             return runner.train_on_dataframe(self.python_callable, dataframe, *args, **kwargs)
         return runner.run(self.python_callable, *args, **kwargs)
 
-    def submit(self, runner: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def submit(self, runner: Any, args: list[Any], kwargs: dict[str, Any], dataframe: Any = None) -> Any:
+        if dataframe is not None:
+            return runner.submit_on_dataframe(self.python_callable, dataframe, *args, **kwargs)
         return runner.submit(self.python_callable, *args, **kwargs)

@@ -173,9 +173,16 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         rank, with ``dataframe``'s rows shared out among them where there is one; return rank 0's value."""
         raise NotImplementedError
 
-    def submit(self, runner: JobRunner, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    def submit(
+        self,
+        runner: JobRunner,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        dataframe: str | Callable[[Any], Any] | None = None,
+    ) -> Job:
         """Submit the job on ``runner`` (over Spark Connect): ``python_callable(*args, **kwargs)`` on every rank,
-        supervised inside the cluster; its handle."""
+        supervised inside the cluster; its handle. ``dataframe``: the task's ``dataframe=`` (the rendered SQL, or
+        the callable), which the run's host builds in its own session, its rows shared out among the ranks."""
         raise NotImplementedError
 
     def _check_dataframe_runs_on_spark(self, local: bool) -> None:
@@ -249,7 +256,9 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             progress_sink=progress,
         )
         self._ti, self._progress = context.get("ti"), progress
-        self._job_call = lambda: self.submit(runner, self.op_args, kwargs)
+        # (a submitted run's host builds the DataFrame from its recipe: the rendered SQL, or the callable)
+        recipe = self.dataframe_sql if self.dataframe_sql is not None else self.dataframe_factory
+        self._job_call = lambda: self.submit(runner, self.op_args, kwargs, recipe)
         outlives = self._outlives_task(local)
         if outlives and self.deferrable:
             self._defer_on_trigger(context)
@@ -276,8 +285,8 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
 
     def _outlives_task(self, local: bool) -> bool:
         """Whether the run is submitted to outlive the task: durable or deferrable, on a ``spark_connect``
-        connection, without what a submitted run does not do yet (``dataframe=``); refused in one
-        sentence where ``deferrable=True`` asks for what cannot be."""
+        connection (``dataframe=`` too: the run's host builds it); refused in one sentence where
+        ``deferrable=True`` asks for what cannot be."""
         assert self._hook is not None
         if not (self.durable or self.deferrable):
             return False
@@ -290,8 +299,6 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
                 f"connection {self.conn_id!r} is a classic Spark one, whose run has its driver in the task's process "
                 "(client mode)"
             )
-        elif self.dataframe_sql is not None or self.dataframe_factory is not None:
-            why_not = "a run with dataframe= is not submitted to outlive the task yet"
         if why_not is None:
             return True
         if self.deferrable:
