@@ -261,7 +261,10 @@ class HorovodHook(BaseHook):
 
     def connect_target(self) -> ConnectTarget | None:
         """Where the connection points when it is a ``spark_connect`` one (None for a ``spark`` connection)."""
-        conn = self._connection()
+        return self._target_of(self._connection())
+
+    @staticmethod
+    def _target_of(conn: Connection) -> ConnectTarget | None:
         if conn.conn_type != CONNECT_CONN_TYPE:
             return None
         target = connect_target(conn)
@@ -556,8 +559,9 @@ class HorovodHook(BaseHook):
     ) -> Job:
         """The handle of a run submitted on this connection's server (``airflow_provider_hvd.attach``), with the
         connection's token; JobNotFoundError when the run has ended."""
-        target = self.connect_target()
-        token = self._connection().password if target is not None and target.has_token else None
+        conn = self._connection()
+        target = self._target_of(conn)
+        token = conn.password if target is not None and target.has_token else None
         return attach(
             job_id,
             token=token or None,
