@@ -253,26 +253,30 @@ def active_apps(cluster) -> list[str]:
 # --- runs that outlive the task (dags/hvd_durable_dags.py; docs/durable-runs.md) ---
 
 
+class Training:
+    """Triggers DAGs of dags/hvd_durable_dags.py; their ranks' pid files and the gate that ends their training."""
+
+    def __init__(self, airflow: AirflowDeployment, pid_dir: Path, gate: Path) -> None:
+        self.airflow, self.pid_dir, self.gate = airflow, pid_dir, gate
+        self.started: list[tuple[str, str]] = []
+
+    def __call__(self, dag_id: str) -> tuple[str, list[int]]:
+        """Trigger ``dag_id``: its run's id and its two ranks' pids, once both have started."""
+        run_id = self.airflow.trigger(dag_id, {"pid_dir": str(self.pid_dir), "gate": str(self.gate)})
+        self.started.append((dag_id, run_id))
+        try:
+            return run_id, wait_for_pids(str(self.pid_dir), 2, timeout=180)
+        except TimeoutError:
+            pytest.fail(log_text(self.airflow.task_log(dag_id, run_id, "train")))
+
+
 @pytest.fixture
 def training(airflow, tmp_path):
-    """Trigger a DAG of dags/hvd_durable_dags.py; its ranks' pid files and the gate that ends their training."""
-    pid_dir, gate = tmp_path / "pids", tmp_path / "gate"
-    pid_dir.mkdir()
-    started = []
-
-    def trigger(dag_id: str) -> tuple[str, list[int]]:
-        run_id = airflow.trigger(dag_id, {"pid_dir": str(pid_dir), "gate": str(gate)})
-        started.append((dag_id, run_id))
-        try:
-            return run_id, wait_for_pids(str(pid_dir), 2, timeout=180)
-        except TimeoutError:
-            pytest.fail(log_text(airflow.task_log(dag_id, run_id, "train")))
-
-    trigger.gate = gate  # type: ignore[attr-defined]
-    trigger.pid_dir = pid_dir  # type: ignore[attr-defined]
+    (tmp_path / "pids").mkdir()
+    trigger = Training(airflow, tmp_path / "pids", tmp_path / "gate")
     yield trigger
-    gate.touch()  # a run a failure left ends too, before the next test's needs the server's task slots
-    for dag_id, run_id in started:
+    trigger.gate.touch()  # a run a failure left ends too, before the next test's needs the server's task slots
+    for dag_id, run_id in trigger.started:
         airflow.wait_for_run(dag_id, run_id, timeout=120)
 
 
