@@ -400,6 +400,8 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     assert tab.status_code == 200, tab.text
     assert 'data-state="deferred"' in tab.text and "metrics of rank 0 from try 1" in tab.text, tab.text
     assert 'class="curve"' in tab.text, tab.text  # the Training tab draws it while the task is deferred
+    training_run = one_mlflow_run(mlflow_server, run_id)  # (the run's host made it: RUNNING)
+    assert f"MLflow run of try 1: <a href=\"{mlflow_url(mlflow_server, training_run)}\"" in tab.text, tab.text
     training.gate.touch()
     state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
     logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))

@@ -75,6 +75,19 @@ def earlier_run_id(store: StateStore | None, try_number: int | None) -> str | No
     return str(record["run_id"])
 
 
+def record_run(store: StateStore, run_id: str, url: str | None, try_number: int | None) -> None:
+    """Record a try's MLflow run under :data:`MLFLOW_KEY` (the Training tab's link, the next try's
+    ``previous_run_id``); never raises."""
+    try:
+        store.set(MLFLOW_KEY, {"run_id": run_id, "url": url, "try_number": try_number})
+    except Exception as exc:  # noqa: BLE001 - whatever the store raises, the training goes on
+        log.warning(
+            "Could not record MLflow run %s in the task state store (%r): the next try's run will not link to it",
+            run_id,
+            exc,
+        )
+
+
 class TryMlflowRun:
     """The MLflow run of one try: its settings for the runner, and where it is recorded once created.
 
@@ -132,15 +145,7 @@ class TryMlflowRun:
                 self.previous_run_id,
             )
         if self._store is not None:
-            try:
-                self._store.set(MLFLOW_KEY, {"run_id": run_id, "url": url, "try_number": self.try_number})
-            except Exception as exc:  # noqa: BLE001 - whatever the store raises, the training goes on
-                log.warning(
-                    "Could not record MLflow run %s in the task state store (%r): the next try's run will not link "
-                    "to it",
-                    run_id,
-                    exc,
-                )
+            record_run(self._store, run_id, url, self.try_number)
         if self._publish is not None and url:
             try:
                 self._publish(url)

@@ -101,10 +101,12 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
 
 
 def _deferred_progress(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any]:
-    """The progress a deferred task's trigger writes as its XComs (a trigger has no task state store)."""
+    """The progress and MLflow run a deferred task's trigger writes as its XComs (a trigger has no task state
+    store)."""
     rows = session.execute(
         select(XComModel.key, XComModel.value).where(
-            *_of_task(XComModel, dag_id, run_id, task_id, map_index), XComModel.key.in_([METRICS_KEY, CHECKPOINT_KEY])
+            *_of_task(XComModel, dag_id, run_id, task_id, map_index),
+            XComModel.key.in_([METRICS_KEY, CHECKPOINT_KEY, MLFLOW_KEY]),
         )
     ).all()
     return {row.key: XComModel.deserialize_value(row) for row in rows}

@@ -1,9 +1,10 @@
 """TrainingJobTrigger: a deferred training task's link to its run, held in the triggerer while the run trains.
 
 The operator submits the run (over Spark Connect, where it outlives the task) and defers; this trigger attaches
-as a watcher: the ranks' lines go to the task log, the progress to the Training tab, and once the run ended it
-fires, leaving the run's outcome on its host for the task, resumed on a worker, to fetch. A user's mark-failed
-or clear of the deferred task ends the run (:meth:`on_kill`); a triggerer that restarts attaches again.
+as a watcher: the ranks' lines go to the task log, the progress and the MLflow run to the Training tab, and
+once the run ended it fires, leaving the run's outcome on its host for the task, resumed on a worker, to fetch.
+A user's mark-failed or clear of the deferred task ends the run (:meth:`on_kill`); a triggerer that restarts
+attaches again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
+from airflow_provider_hvd.hooks.mlflow_runs import record_run
 from airflow_provider_hvd.hooks.task_state import TaskStateProgress
 from airflow_provider_hvd.runner import Job, JobNotFoundError
 
@@ -62,8 +64,15 @@ class TrainingJobTrigger(BaseTrigger):
 
     def _attach(self, logs: bool) -> Job:
         ti = self.task_instance
-        sink = TaskStateProgress(XComStore(ti), ti.try_number) if logs and ti is not None else None
-        return HorovodHook(self.conn_id).attach_job(self.job_id, sink, logs=logs, fetch=False)
+        if not logs or ti is None:
+            return HorovodHook(self.conn_id).attach_job(self.job_id, logs=logs, fetch=False)
+        store = XComStore(ti)
+        return HorovodHook(self.conn_id).attach_job(
+            self.job_id,
+            TaskStateProgress(store, ti.try_number),
+            fetch=False,
+            on_mlflow_run=lambda run_id, url: record_run(store, run_id, url, ti.try_number),  # (the tab's link)
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
