@@ -368,7 +368,7 @@ def test_each_iteration_reads_the_mapped_file_in_place():
 
 def test_every_fixed_width_type_is_read_in_place_as_arrows_own_conversion_gives_it():
     """Integers and floats of every width, timestamps (with a time zone too) and durations, from a slice of an
-    array (an offset into its buffer): the in-place view has Arrow's ``to_numpy`` values and dtype."""
+    array (an offset into its buffer): the in-place view, read-only, has Arrow's ``to_numpy`` values and dtype."""
     arrays = [pa.array([1, -2, 3, -4, 5], type=t) for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64())]
     arrays += [pa.array([1, 2, 3, 4, 5], type=t) for t in (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())]
     arrays += [pa.array(np.arange(5, dtype=dtype) / 2) for dtype in (np.float16, np.float32, np.float64)]
@@ -379,6 +379,7 @@ def test_every_fixed_width_type_is_read_in_place_as_arrows_own_conversion_gives_
         view, expected = fixed_width_view(sliced), sliced.to_numpy(zero_copy_only=True)
         assert view is not None and view.dtype == expected.dtype, array.type
         assert view.tolist() == expected.tolist(), array.type
+        assert np.shares_memory(view, expected) and not view.flags.writeable, array.type  # in place, not a copy
     assert fixed_width_view(pa.array([1, None])) is None  # (nulls, booleans: not NumPy's layout)
     assert fixed_width_view(pa.array([True, False])) is None
 

@@ -140,9 +140,8 @@ class _Writer:
     def _check(self, rows: pa.Array) -> None:
         import numpy as np
 
-        got = fixed_width_view(rows)  # (the row index: longs, never null)
-        if got is None:
-            got = rows.to_numpy(zero_copy_only=False)
+        got = fixed_width_view(rows)
+        assert got is not None  # (the plan's row index: longs, never null)
         wrong = np.flatnonzero(got != np.arange(self.next_row, self.next_row + len(got)))
         if wrong.size:
             what = f"the DataFrame's row {int(got[wrong[0]])} where row {self.next_row + int(wrong[0])} was due"

@@ -31,14 +31,16 @@ def _fixed_width_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
 
 
 def fixed_width_view(array: pa.Array) -> NDArray[Any] | None:
-    """``array``'s values in place (a view of its buffer), where its layout is NumPy's: numbers without nulls,
-    timestamps, durations; None for the others."""
+    """``array``'s values in place (a read-only view of its buffer, as Arrow's buffers are immutable), where its
+    layout is NumPy's: numbers without nulls, timestamps, durations; None for the others."""
     dtype = _fixed_width_dtype(array.type)
     if dtype is None or array.null_count:
         return None
-    if not len(array):
-        return np.empty(0, dtype=dtype)
-    view: NDArray[Any] = np.frombuffer(
-        array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize
+    buffer = array.buffers()[1]
+    view: NDArray[Any] = (
+        np.empty(0, dtype=dtype)
+        if buffer is None
+        else np.frombuffer(buffer, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
     )
+    view.flags.writeable = False
     return view
