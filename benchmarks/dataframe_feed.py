@@ -106,7 +106,8 @@ def gathered(function: Any) -> Any:
 
 def agent_memory(spark: Any, df: Any, ranks: int) -> list[dict[str, int]]:
     """Each barrier task's growth while the agent's shard writer takes its rows: its peak beyond what it held
-    once the first batch was in (its imports done), in bytes; the shard's rows; the largest Arrow batch it got."""
+    once the first batch was in (its imports done), in bytes; the shard's rows; the Arrow batches it got (each
+    with the plan's row index, which the shard file leaves out) and the largest one's bytes."""
     from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import plan_shards
 
     plan = plan_shards(df, spark, ranks)
@@ -122,25 +123,27 @@ def agent_memory(spark: Any, df: Any, ranks: int) -> list[dict[str, int]]:
             with open("/proc/self/status") as lines:
                 return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(key + ":"))
 
-        largest, before = [0], [0]
+        largest, before, count = [0], [0], [0]
 
         def measured(batches: Any) -> Any:
             for batch in batches:
-                if not largest[0]:  # the first batch is in: the task's imports are done, its reader running
+                if not count[0]:  # the first batch is in: the task's imports are done, its reader running
                     with open("/proc/self/clear_refs", "w") as clear:
                         clear.write("5")  # the peak (VmHWM) starts again from what the task holds now
                     before[0] = status("VmRSS")
                 largest[0] = max(largest[0], batch.nbytes)
+                count[0] += 1
                 yield batch
 
         with receive_shards(measured(batches), feed, BarrierTaskContext.get().partitionId()) as shards:
             written = shards.shards[0].info.rows
         growth = status("VmHWM") - before[0]
         yield pa.RecordBatch.from_pydict(
-            {"before": before, "growth": [growth], "rows": [written], "batch_bytes": largest}
+            {"before": before, "growth": [growth], "rows": [written], "batches": count, "batch_bytes": largest}
         )
 
-    frame = plan.frame.mapInArrow(task, "before long, growth long, rows long, batch_bytes long", barrier=True)
+    schema = "before long, growth long, rows long, batches long, batch_bytes long"
+    frame = plan.frame.mapInArrow(task, schema, barrier=True)
     return [row.asDict() for row in frame.collect()]
 
 
@@ -200,11 +203,12 @@ def format_report(figures: dict[str, Any], rows: int) -> str:
     )
     ours, again, theirs, limit = (figures[name]["rows_per_s"] for name in ("ours", "ours_again", "pyspark", "limit"))
     memory = markdown_table(
-        ["task", "shard (MB)", "largest Arrow batch (MB)", "at its first batch (MB)", "peak growth (MB)", "(batches)"],
+        ["task", "shard (MB)", "Arrow batches", "largest (MB)", "at the first (MB)", "peak growth (MB)", "(batches)"],
         [
             [
                 str(task),
                 f"{task_figures['rows'] * ROW_BYTES / 1e6:,.0f}",
+                f"{task_figures['batches']:,}",
                 f"{task_figures['batch_bytes'] / 1e6:.2f}",
                 f"{task_figures['before'] / 1e6:.0f}",
                 f"{task_figures['growth'] / 1e6:.1f}",
