@@ -401,7 +401,11 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     assert 'data-state="deferred"' in tab.text and "metrics of rank 0 from try 1" in tab.text, tab.text
     assert 'class="curve"' in tab.text, tab.text  # the Training tab draws it while the task is deferred
     training_run = one_mlflow_run(mlflow_server, run_id)  # (the run's host made it: RUNNING)
-    assert f"MLflow run of try 1: <a href=\"{mlflow_url(mlflow_server, training_run)}\"" in tab.text, tab.text
+    assert f'MLflow run of try 1: <a href="{mlflow_url(mlflow_server, training_run)}"' in tab.text, tab.text
+    # the trigger's record of it (the task's own comes only once it resumes)
+    recorded = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_mlflow")
+    assert recorded.status_code == 200, recorded.text
+    assert recorded.json()["value"]["run_id"] == training_run.info.run_id, recorded.text
     training.gate.touch()
     state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
     logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))

@@ -82,8 +82,9 @@ def record_run(store: StateStore, run_id: str, url: str | None, try_number: int 
         store.set(MLFLOW_KEY, {"run_id": run_id, "url": url, "try_number": try_number})
     except Exception as exc:  # noqa: BLE001 - whatever the store raises, the training goes on
         log.warning(
-            "Could not record MLflow run %s in the task state store (%r): the next try's run will not link to it",
+            "Could not record MLflow run %s as %r (%r): the Training tab and the next try's run will not link to it",
             run_id,
+            MLFLOW_KEY,
             exc,
         )
 

@@ -66,12 +66,12 @@ class TrainingJobTrigger(BaseTrigger):
         ti = self.task_instance
         if not logs or ti is None:
             return HorovodHook(self.conn_id).attach_job(self.job_id, logs=logs, fetch=False)
-        store = XComStore(ti)
+        store, try_number = XComStore(ti), ti.try_number
         return HorovodHook(self.conn_id).attach_job(
             self.job_id,
-            TaskStateProgress(store, ti.try_number),
+            TaskStateProgress(store, try_number),
             fetch=False,
-            on_mlflow_run=lambda run_id, url: record_run(store, run_id, url, ti.try_number),  # (the tab's link)
+            on_mlflow_run=lambda run_id, url: record_run(store, run_id, url, try_number),  # (the tab's link)
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
