@@ -175,8 +175,9 @@ def shard_file_then(folder: str, then: str) -> list[int]:
     return ids
 
 
-def horovod_ids() -> list:
-    """Each Horovod rank's ids from its shard (hvd.allgather_object), rank 0's view."""
+def horovod_ids(also: str | None = None) -> list:
+    """Each Horovod rank's ids from its shard (hvd.allgather_object), rank 0's view; with ``also``, the values that
+    column holds in the shard too."""
     import horovod.torch as hvd
 
     from airflow_provider_hvd import dataframe_shard
@@ -184,7 +185,10 @@ def horovod_ids() -> list:
     hvd.init()
     shard = dataframe_shard()
     ids = [int(i) for batch in shard.iter_batches(10, columns=["id"]) for i in batch["id"]]
-    return hvd.allgather_object({"rank": hvd.rank(), "shard": shard.index, "ids": ids})
+    view = {"rank": hvd.rank(), "shard": shard.index, "ids": ids}
+    if also is not None:
+        view["also"] = sorted({str(v) for batch in shard.iter_batches(10, columns=[also]) for v in batch[also]})
+    return hvd.allgather_object(view)
 
 
 def ddp_ids_and_hosts(folder: str) -> list:

@@ -244,12 +244,14 @@ def test_submit_and_wait_return_what_run_returns(connect_durable):
 
 
 def test_a_submitted_run_on_a_dataframes_sql_gives_each_rank_its_rows_through_a_detach_and_attach(connect_durable):
-    """submit_on_dataframe with SQL: the run's host builds the DataFrame in its own session (3 partitions of 10
-    rows for 2 ranks) and plans its shards as run_on_dataframe does; the submitter detaches, another handle
-    attaches and gets rank 0's value: each rank had its own rows, every row once."""
-    with connect_session(connect_durable.url):
+    """submit_on_dataframe with SQL: the run's host builds the DataFrame in the ranks' session, which has the
+    submitting session's settings (its time zone here), from 3 partitions of 10 rows for 2 ranks, and plans its
+    shards as run_on_dataframe does; the submitter detaches, another handle attaches and gets rank 0's value:
+    each rank had its own rows, every row once."""
+    with connect_session(connect_durable.url) as spark:
+        spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")  # (the server's is this machine's)
         job = HorovodRunner(np=2, detached_timeout=300).submit_on_dataframe(
-            horovod_ids, "SELECT id FROM range(0, 10, 1, 3)"
+            horovod_ids, "SELECT id, current_timezone() AS tz FROM range(0, 10, 1, 3)", also="tz"
         )
         job_id = job.id
         job.close()
@@ -257,6 +259,7 @@ def test_a_submitted_run_on_a_dataframes_sql_gives_each_rank_its_rows_through_a_
         views = job.wait(180)
     assert {view["shard"]: view["ids"] for view in views} == {0: [0, 1, 2, 3, 4], 1: [5, 6, 7, 8, 9]}
     assert sorted(view["rank"] for view in views) == [0, 1]
+    assert [view["also"] for view in views] == [["Asia/Tokyo"], ["Asia/Tokyo"]]
 
 
 def wait_until_gone(job_id: str, timeout: float = 60.0) -> JobNotFoundError:
@@ -272,8 +275,9 @@ def wait_until_gone(job_id: str, timeout: float = 60.0) -> JobNotFoundError:
 
 
 def test_a_dataframe_the_runs_host_cannot_build_or_use_is_the_runs_error(connect_durable):
-    """SQL naming a missing table, and a callable whose DataFrame has no rows: each run's error names the problem
-    (a LaunchError, as a launch's), no rank started, and the run's sessions are gone once the outcome is fetched."""
+    """SQL naming a missing table, a callable whose DataFrame has no rows, and one that raises: each run's error
+    names the problem (a LaunchError, as a launch's; the callable's error with its type), no rank started, and
+    the run's sessions are gone once the outcome is fetched."""
     runner = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, detached_timeout=300)
     with connect_session(connect_durable.url):  # (one run at a time: each holds a task slot for its host)
         missing = runner.submit_on_dataframe(ask_for_a_shard, "SELECT x FROM no_such_table")
@@ -288,7 +292,10 @@ def test_a_dataframe_the_runs_host_cannot_build_or_use_is_the_runs_error(connect
         empty = runner.submit_on_dataframe(ask_for_a_shard, lambda spark: spark.range(0).selectExpr("id AS x"))
         with pytest.raises(LaunchError, match=r"DataFrame of the callable .*<lambda>: The DataFrame has no rows"):
             empty.wait(180)
-    for job in (missing, empty):
+        raising = runner.submit_on_dataframe(ask_for_a_shard, lambda spark: {}["no such key"])
+        with pytest.raises(LaunchError, match=r"DataFrame of the callable .*<lambda>: KeyError: 'no such key'$"):
+            raising.wait(180)
+    for job in (missing, empty, raising):
         job_id = job.id
         job.close()
         assert "has ended" in str(wait_until_gone(job_id))

@@ -345,14 +345,6 @@ class _Runner:
             run.cancelled = True
 
 
-def dataframe_recipe(recipe: object, naming: RunnerNaming, method: str) -> DataFrameRecipe:
-    """A submitted run's DataFrame recipe (its SQL, or a callable of a SparkSession); TypeError for a DataFrame
-    object, which the run's host could not use, saying what to pass instead."""
-    from .durable.dataframe_recipe import DataFrameRecipe
-
-    return DataFrameRecipe.of(recipe, naming, method)
-
-
 def check_fits(main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """TypeError unless ``main`` is callable and ``main(*args, **kwargs)`` fits its signature."""
     if not callable(main):
@@ -443,7 +435,9 @@ class HorovodRunner(_Runner):
         fails in the host (SQL that Spark refuses, a column the ranks cannot read, no rows) is the run's
         ``LaunchError``, from ``job.wait()``. See docs/durable-runs.md.
         """
-        recipe = dataframe_recipe(dataframe, self.naming, "submit_on_dataframe")
+        from .durable.dataframe_recipe import DataFrameRecipe
+
+        recipe = DataFrameRecipe.of(dataframe, self.naming, "submit_on_dataframe")
         check_fits(main, (), kwargs)
         return self._submit_job(main, (), kwargs, recipe)
 

@@ -19,7 +19,7 @@ from .driver.launch.spark.capacity import TASK_GPUS
 from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
 from .errors import LaunchError
 from .rank.script import run_script
-from .runner import _Runner, check_dataframe, check_fits, dataframe_recipe
+from .runner import _Runner, check_dataframe, check_fits
 from .settings import PYSPARK_DEFAULTS, RunOptions, RunSettings, takes_run_settings
 from .shared.gpus import GPU, host_gpus, spark_gpus_here
 from .shared.naming import TORCH_DISTRIBUTOR
@@ -186,7 +186,9 @@ class TorchDistributor(_Runner):
         """:meth:`submit` of what :meth:`train_on_dataframe` runs, ``dataframe`` the DataFrame's recipe (its SQL,
         or a callable that receives a SparkSession and returns it), which the run's host builds in its own
         session: see ``HorovodRunner.submit_on_dataframe``."""
-        recipe = dataframe_recipe(dataframe, self.naming, "submit_on_dataframe")
+        from .durable.dataframe_recipe import DataFrameRecipe
+
+        recipe = DataFrameRecipe.of(dataframe, self.naming, "submit_on_dataframe")
         check_fits(train_function, args, kwargs)
         return self._submit_job(train_function, args, kwargs, recipe)
 

@@ -82,7 +82,10 @@ class DataFrameRecipe:
             return df
         assert self.factory is not None
         factory: Callable[[Any], Any] = pickle.loads(self.factory)
-        made = factory(spark)
+        try:
+            made = factory(spark)
+        except Exception as exc:
+            raise _CallableFailed() from exc
         if not isinstance(made, DataFrame):
             raise TypeError(
                 f"{self.name}(spark) returned a {type(made).__name__}, not a Spark DataFrame: return one made in the "
@@ -99,19 +102,21 @@ class DataFrameRecipe:
         except HorovodRunnerError:
             raise
         except Exception as exc:  # noqa: BLE001 - Spark's errors, the callable's, the plan's: the run's error
-            raise LaunchError(self.failed(runner, exc)) from None
+            message = self.failed(runner, exc)
+            if isinstance(exc, _CallableFailed):  # its traceback in the run's log (relayed to every client)
+                log.warning("%s", message, exc_info=exc.__cause__)
+            raise LaunchError(message) from None
 
     def failed(self, runner: str, exc: BaseException) -> str:
         from ..driver.launch.spark.cluster import summary
 
-        text = summary(exc, first_line=True)
-        if not _spark_error(exc) and not isinstance(exc, ValueError | TypeError):
-            text = f"{type(exc).__name__}: {text}"  # the callable's own error: its type says what it was
+        if isinstance(exc, _CallableFailed) and exc.__cause__ is not None:  # its type says what it was
+            text = f"{type(exc.__cause__).__name__}: {summary(exc.__cause__, first_line=True)}"
+        else:  # Spark's refusal of the SQL, the plan's (no rows, a column the ranks cannot read)
+            text = summary(exc, first_line=True)
         message = f"{runner}: the run's host could not use the DataFrame of {self.describe()}: {text}"
         return message + (f"\nSQL: {self.sql}" if self.sql is not None else "")
 
 
-def _spark_error(exc: BaseException) -> bool:
-    from pyspark.errors import PySparkException
-
-    return isinstance(exc, PySparkException)
+class _CallableFailed(Exception):
+    """The recipe's callable raised (its error is the ``__cause__``)."""

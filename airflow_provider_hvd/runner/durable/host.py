@@ -36,6 +36,7 @@ from .ring import LineRing, entry_lines
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
+    from ..driver.launch.spark.barrier import SparkLauncher
     from ..driver.tracking.mlflow_run import MlflowRun
     from ..driver.verdict.stacks import CodeFiles
     from ..driver.watch.supervisor import Supervisor
@@ -77,6 +78,8 @@ class HostSpec:
     #: a run on a DataFrame: its recipe, which the host builds in the ranks' session (a DataFrame object of the
     #: submitter's session cannot be used in it), then plans and launches as ``run()`` on a DataFrame does
     dataframe: DataFrameRecipe | None = None
+    #: the submitter's session's settings (:func:`session_settings`), given to the ranks' session
+    session_conf: dict[str, str] = field(default_factory=dict)
     connection: str = ""  # sc://host:port/;params, the server's token among them (it travels in the plan)
     run_session: str = ""
     tag: str = ""
@@ -124,6 +127,26 @@ def open_session(connection: str, session_id: str | None) -> SparkSession:
     spark = ConnectSession(connection=connection + (f";session_id={session_id}" if session_id else ""))
     keep_session_on_exit(spark)
     return spark
+
+
+def session_settings(spark: SparkSession) -> dict[str, str]:
+    """The settings of the submitter's session (its ``spark.sql.*`` ones, and those it was given): the run's host
+    gives them to the ranks' session, where it builds the run's DataFrame and runs the barrier job, as ``run()``
+    would in the submitter's session."""
+    return {str(key): str(value) for key, value in spark.conf.getAll.items()}
+
+
+def carry_settings(ranks: SparkSession, settings: dict[str, str]) -> None:
+    """Set in the ranks' session each of ``settings`` whose value differs there; one a session cannot change (a
+    static or the server's setting) is left as the server has it."""
+    own = ranks.conf.getAll
+    for key, value in settings.items():
+        if own.get(key) == value:
+            continue
+        try:
+            ranks.conf.set(key, value)
+        except Exception as exc:  # noqa: BLE001 - Spark's refusal to change it: the server's value holds
+            log.debug("the ranks' session keeps the server's %s (%s)", key, first_line(exc))
 
 
 def release(spark: SparkSession) -> None:
@@ -261,6 +284,7 @@ class Host:
         try:
             ranks = open_session(spec.connection, None)
             keepalive.sessions.append(ranks)
+            carry_settings(ranks, spec.session_conf)
             with contextlib.suppress(Exception):  # (only a cancel without a link reads it)
                 keepalive.sessions[0].conf.set(link.RANKS_CONF, ranks.session_id)
             tracking = start_mlflow_run(
@@ -307,20 +331,17 @@ class Host:
         from ..driver.watch.supervisor import Supervisor
 
         spec = self.spec
-        recipe = spec.dataframe
-        # a run on a DataFrame: built here from its recipe, its shards planned by the launcher (its row count a
-        # Spark job that a cancel interrupts); what fails is the run's LaunchError, naming the problem
-        with recipe.failures(spec.naming.runner) if recipe is not None else contextlib.nullcontext():
-            launcher = SparkLauncher(
-                ranks,  # type: ignore[arg-type]  # (a Connect session has the classic one's API)
-                spec.size,
-                spec.slot_wait_timeout,
-                cancelled=self._cancelled,
-                per_task=spec.per_task,
-                use_gpus=spec.use_gpus,
-                naming=spec.naming,
-                dataframe=recipe.build(ranks) if recipe is not None else None,
-            )
+        launcher = SparkLauncher(
+            ranks,  # type: ignore[arg-type]  # (a Connect session has the classic one's API)
+            spec.size,
+            spec.slot_wait_timeout,
+            cancelled=self._cancelled,
+            per_task=spec.per_task,
+            use_gpus=spec.use_gpus,
+            naming=spec.naming,
+        )
+        if spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
+            self._plan_dataframe(spec.dataframe, ranks, launcher)
         kind: RankKind = horovod_kind() if spec.kind == "Horovod" else torch_kind()
         return Supervisor(
             launcher,
@@ -337,6 +358,22 @@ class Host:
             exit_timeout_s=spec.exit_timeout,
             tracking=tracking,
         )
+
+    def _plan_dataframe(self, recipe: DataFrameRecipe, ranks: SparkSession, launcher: SparkLauncher) -> None:
+        """The run's DataFrame, built from ``recipe`` in the ranks' session and planned by ``launcher`` (its row
+        count a Spark job that a cancel interrupts; a cancel while the recipe builds takes effect once it has
+        built: the Spark jobs a callable runs itself are not the run's); what fails is the run's LaunchError."""
+        cancelled = RunCancelledError(
+            f"{self.spec.naming.runner}: the run was cancelled before its ranks started (as its host built the "
+            "DataFrame)"
+        )
+        with recipe.failures(self.spec.naming.runner):
+            if self._cancelled():
+                raise cancelled
+            dataframe = recipe.build(ranks)
+            if self._cancelled():
+                raise cancelled
+            launcher.plan(dataframe)
 
     def _keep_outcome(self) -> None:
         """Until a client fetched the outcome and every attached one has it, or nobody was attached for

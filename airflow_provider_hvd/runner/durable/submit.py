@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LaunchError, RunCancelledError
 from ..shared.timing import HOST_START_TIMEOUT_S
-from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release
+from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
 from .link import LINK_CONF, LinkAddress
 
 if TYPE_CHECKING:
@@ -85,13 +85,15 @@ def submit_run(
     limit, bound_by = job_limit(app.conf)
     size = len(payload) + (spec.dataframe.size if spec.dataframe is not None else 0)  # (both in the host's plan)
     if size > limit:
-        raise job_too_large(size, limit, bound_by, app.url)
+        raise job_too_large(size, limit, bound_by, app.url, submitted=True)
     check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
     connection, shown, user_id = connection_string(spark)
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"
     run_session = open_session(connection, session_id)
     run_session.client.disable_reattachable_execute()  # an operation that outlives this process (FACTS)
-    spec = dataclasses.replace(spec, connection=connection, run_session=session_id, tag=tag)
+    spec = dataclasses.replace(
+        spec, connection=connection, run_session=session_id, tag=tag, session_conf=session_settings(spark)
+    )
     ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
     if announce is not None:
         try:

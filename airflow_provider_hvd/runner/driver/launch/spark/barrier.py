@@ -158,11 +158,8 @@ class SparkLauncher:
         self.group = f"{naming.job_group}-{uuid.uuid4().hex[:12]}"
         self.app = spark_app(spark, self.group, self.naming)
         self.cancelled = cancelled
-        # a run on a DataFrame: its rows counted here (one Spark job, which a cancel interrupts; its errors raise
-        # here), then each barrier task reads its ranks' rows from the planned DataFrame
-        self.shard_plan: ShardPlan | None = None
-        if dataframe is not None:
-            self.shard_plan = plan_shards(dataframe, spark, size, per_task, naming, self._count)
+        self.spark = spark
+        self.shard_plan: ShardPlan | None = None  # a run on a DataFrame's (:meth:`plan`)
         self.size = size  # ranks: agents
         self.per_task = per_task  # ranks (agents) in each task
         self.tasks = size // per_task
@@ -183,6 +180,13 @@ class SparkLauncher:
         self._poll_error_logged = False
         self._stop_reason: str | None = None
         self._cancel_sent = False
+        if dataframe is not None:
+            self.plan(dataframe)
+
+    def plan(self, dataframe: DataFrame) -> None:
+        """A run on ``dataframe``: its rows counted here (one Spark job, which a cancel interrupts; its errors
+        raise here), then each barrier task reads its ranks' rows from the planned DataFrame."""
+        self.shard_plan = plan_shards(dataframe, self.spark, self.size, self.per_task, self.naming, self._count)
 
     def _count(self, df: DataFrame) -> list[int]:
         """:func:`.dataframe_plan.count_partitions` in a thread of its own, its Spark job in the run's count group
