@@ -88,12 +88,11 @@ def submit_run(
         raise job_too_large(size, limit, bound_by, app.url, submitted=True)
     check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
     connection, shown, user_id = connection_string(spark)
+    settings = session_settings(spark)  # (before the run's session: nothing to release when it fails)
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"
     run_session = open_session(connection, session_id)
     run_session.client.disable_reattachable_execute()  # an operation that outlives this process (FACTS)
-    spec = dataclasses.replace(
-        spec, connection=connection, run_session=session_id, tag=tag, session_conf=session_settings(spark)
-    )
+    spec = dataclasses.replace(spec, connection=connection, run_session=session_id, tag=tag, session_conf=settings)
     ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
     if announce is not None:
         try:
