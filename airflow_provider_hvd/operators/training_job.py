@@ -185,9 +185,14 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         the callable), which the run's host builds in its own session, its rows shared out among the ranks."""
         raise NotImplementedError
 
+    @property
+    def _dataframe_recipe(self) -> str | Callable[[Any], Any] | None:
+        """The task's ``dataframe=`` as given: the (rendered) SQL, or the callable; None without one."""
+        return self.dataframe_sql if self.dataframe_sql is not None else self.dataframe_factory
+
     def _check_dataframe_runs_on_spark(self, local: bool) -> None:
         """A ``dataframe=`` on a job that runs without Spark is refused (the rows come from its barrier tasks)."""
-        if local and (self.dataframe_sql is not None or self.dataframe_factory is not None):
+        if local and self._dataframe_recipe is not None:
             raise ValueError(
                 f"Task {self.task_id!r}: dataframe= needs a job on Spark, whose barrier tasks bring each rank its "
                 f"rows, and this one runs on the worker's processes without Spark: {self.local_fix()} (on a "
@@ -196,7 +201,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
 
     def _dataframe(self, spark: SparkSession | ConnectSession | None) -> DataFrame | None:
         """The task's ``dataframe=``, built in the job's session ``spark``: the SQL's result, or the callable's."""
-        if spark is None or (self.dataframe_sql is None and self.dataframe_factory is None):
+        if spark is None or self._dataframe_recipe is None:
             return None
         if self.dataframe_sql is not None:
             try:
@@ -256,8 +261,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             progress_sink=progress,
         )
         self._ti, self._progress = context.get("ti"), progress
-        # (a submitted run's host builds the DataFrame from its recipe: the rendered SQL, or the callable)
-        recipe = self.dataframe_sql if self.dataframe_sql is not None else self.dataframe_factory
+        recipe = self._dataframe_recipe  # (a submitted run's host builds the DataFrame from it)
         self._job_call = lambda: self.submit(runner, self.op_args, kwargs, recipe)
         outlives = self._outlives_task(local)
         if outlives and self.deferrable:
