@@ -531,10 +531,8 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         job_id = store.get(self.external_id_key) if store is not None else None
         if not job_id:
             return
-        self._resumed(context)
-        assert self._hook is not None
         try:
-            job = self._hook.attach_job(str(job_id), logs=False)
+            job = HorovodHook(self.conn_id).attach_job(str(job_id), logs=False)
         except HorovodRunnerError:  # ended already (the trigger cancelled it), or out of reach
             return
         try:
