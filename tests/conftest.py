@@ -172,13 +172,15 @@ def connect_local(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def connect_durable(tmp_path_factory):
+def connect_durable(request, tmp_path_factory):
     """The ``ConnectServer`` of a Spark Connect server on ``local[3]`` for a module of submitted runs: np=2 and the
-    run's host (one more task slot). Its application encrypts its traffic (the run's link and channel are TLS)."""
+    run's host (one more task slot); ``local[N]`` for a module that sets ``CONNECT_SLOTS = N`` (runs side by side).
+    Its application encrypts its traffic (the run's link and channel are TLS)."""
     from connect_server import ConnectServer
 
     settings = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true"}
-    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-durable"), "local[3]", **settings).start().warm()
+    master = f"local[{getattr(request.module, 'CONNECT_SLOTS', 3)}]"
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-durable"), master, **settings).start().warm()
     yield server
     server.stop()
 

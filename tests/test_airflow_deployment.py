@@ -26,13 +26,22 @@ from spark_cluster import free_port
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
 CONNECT = "hvd_on_spark_connect"  # dags/hvd_connect_dags.py: HorovodRunnerOperator on a spark_connect connection
 DURABLE, DEFERRED = "durable_training", "deferred_training"  # dags/hvd_durable_dags.py: runs outliving the task
+MISSED_HEARTBEATS, LATE_RESUME = "durable_missed_heartbeats", "deferred_late_resume"  # (hvd_durable_dags.py too)
+HOLD_POOL, DEFERRAL_TIMEOUT = "hold_the_pool_slot", "deferred_execution_timeout"
+CLIENT_ADDRESS = "hvd_client_address_over_connect"  # dags/hvd_connect_dags.py: spark.horovodRunner.driverHost set
 DATAFRAME = "torch_dataframe_example"  # dags/: dataframe= (a templated SQL string), here on the standalone cluster
 DAGS = [
     *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry", CONNECT),
     "hvd_mlflow_killed_hard",
-    *(DURABLE, DEFERRED),
+    *(DURABLE, DEFERRED, MISSED_HEARTBEATS, LATE_RESUME, HOLD_POOL, DEFERRAL_TIMEOUT, CLIENT_ADDRESS),
     DATAFRAME,
 ]
+# the Connect server (conftest's connect_durable) on local[9]: three submitted runs side by side (2 ranks and a host
+# each), for the tests of Airflow's own ends of a try (test_airflow_ending_a_try_...)
+CONNECT_SLOTS = 9
+# a task that misses its heartbeats this long is failed by the scheduler (Airflow's default: 300 s); a live
+# supervisor heartbeats every 5 s ([workers] min_heartbeat_interval)
+HEARTBEAT_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +69,10 @@ def airflow(standalone_cluster, hosts, connect_durable, mlflow_server, postgres,
     env = {
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
         "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
-        # the URI form; a server on local[3]: a run that outlives its task holds a slot for its host
+        # the URI form; a run that outlives its task holds a slot for its host beside its ranks'
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_durable.url.replace("sc://", "spark-connect://"),
         "MLFLOW_TRACKING_URI": mlflow_server,  # for the tasks with mlflow=True
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
     }
     if hosts is not None:  # the driver, in the task's process, listens on the bridge the hosts reach
         on_hosts = {"spark.executor.cores": "1", **hosts.session_conf()}
@@ -72,6 +82,8 @@ def airflow(standalone_cluster, hosts, connect_durable, mlflow_server, postgres,
     failed_before = request.session.testsfailed
     database = postgres.create_database("airflow_deployment")
     deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], database, env).start(DAGS)
+    # dags/hvd_durable_dags.py's pool of one slot: its deferred task's resume waits while another task holds it
+    deployment._json("POST", "/pools", json={"name": "late_resume", "slots": 1, "include_deferred": False})
     yield deployment
     deployment.stop()
     show_log_if_failed(request, deployment, failed_before)
@@ -426,3 +438,189 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
 def deferred_metrics(airflow, run_id: str) -> dict | None:
     resp = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_metrics")
     return resp.json()["value"] if resp.status_code == 200 else None
+
+
+# --- Airflow's own ends of a try, side by side: missed heartbeats, a late resume, a deferral's timeout ---
+
+
+def ti_state(airflow, dag_id: str, run_id: str, task_id: str = "train") -> str | None:
+    return airflow.task_instance(dag_id, run_id, task_id)["state"]
+
+
+def wait_for_state(airflow, dag_id: str, run_id: str, wanted, timeout: float, task_id: str = "train") -> str | None:
+    """The task instance's state once ``wanted(state)`` holds."""
+    deadline = time.monotonic() + timeout
+    while not wanted(state := ti_state(airflow, dag_id, run_id, task_id)):
+        assert time.monotonic() < deadline, f"{dag_id} {run_id} {task_id} still {state} after {timeout:.0f}s"
+        time.sleep(1)
+    return state
+
+
+class Scenario:
+    """One DAG run of dags/hvd_durable_dags.py with its own pid files and gate; what it saw, for the test to read."""
+
+    def __init__(self, airflow, dag_id: str, root: Path) -> None:
+        self.airflow, self.dag_id = airflow, dag_id
+        self.pid_dir, self.gate = root / "pids", root / "gate"
+        self.pid_dir.mkdir(parents=True)
+        self.run_id = ""
+        self.seen: dict[str, object] = {}
+
+    def start(self) -> list[int]:
+        """Trigger the DAG; the pids of rank 0 and 1, once both started."""
+        self.run_id = self.airflow.trigger(self.dag_id, {"pid_dir": str(self.pid_dir), "gate": str(self.gate)})
+        wait_for_pids(str(self.pid_dir), 2, timeout=300)
+        return [int((self.pid_dir / f"rank-{rank}.pid").read_text()) for rank in (0, 1)]
+
+    def log(self, try_number: int) -> str:
+        return log_text(self.airflow.task_log(self.dag_id, self.run_id, "train", try_number))
+
+    def starts(self) -> dict[str, list[str]]:
+        return starts_per_rank(self.pid_dir)
+
+
+def missed_heartbeats(scenario: Scenario) -> None:
+    """The first try's supervisor stops heartbeating (stopped) past the heartbeat timeout: the scheduler puts the
+    task instance up_for_retry; let go, the supervisor hears 409 from the API server and SIGTERMs the task."""
+    airflow, seen = scenario.airflow, scenario.seen
+    seen["pids"] = pids = scenario.start()
+    dag_id, run_id = scenario.dag_id, scenario.run_id
+    wait_for_log(airflow, dag_id, run_id, "Submitted the run: {", 1)
+    task_pid = airflow.task_instance(dag_id, run_id, "train")["pid"]
+    supervisor = parent_pid(task_pid)  # (LocalExecutor's worker process supervises the task's)
+    assert "airflow" in Path(f"/proc/{supervisor}/cmdline").read_text(), supervisor
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        seen["state"] = wait_for_state(airflow, dag_id, run_id, lambda s: s != "running", HEARTBEAT_TIMEOUT_S + 120)
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    wait_for_log(airflow, dag_id, run_id, "detaching from the run", 1)
+    seen["alive after the first try"] = [pid for pid in pids if alive(pid)]
+    wait_for_log(airflow, dag_id, run_id, "Attached to the run an earlier try submitted", 2, timeout=240)
+    wait_for_log(airflow, dag_id, run_id, "rank 0 step", 2)  # the ranks' later lines, in the retry's log
+    scenario.gate.touch()
+    seen["end"] = airflow.wait_for_run(dag_id, run_id, timeout=240)
+
+
+def late_resume(scenario: Scenario) -> None:
+    """The deferred task's run ends while another task holds the pool's one slot past the run's detached_timeout
+    (20 s): the task resumes late, as a task waiting for a busy pool does."""
+    airflow, seen = scenario.airflow, scenario.seen
+    seen["pids"] = scenario.start()
+    dag_id, run_id = scenario.dag_id, scenario.run_id
+    wait_for_state(airflow, dag_id, run_id, lambda s: s == "deferred", 120)
+    held = scenario.gate.with_name("held")
+    holder = airflow.trigger(HOLD_POOL, {"gate": str(held)})
+    try:
+        wait_for_state(airflow, HOLD_POOL, holder, lambda s: s == "running", 120, task_id="hold")
+        scenario.gate.touch()  # the run ends; the trigger fires and detaches
+        wait_for_state(airflow, dag_id, run_id, lambda s: s != "deferred", 120)
+        # nothing to wait on but the time: past the run's detached_timeout with nobody attached to it
+        time.sleep(20 + 15)
+        seen["state while late"] = ti_state(airflow, dag_id, run_id)
+    finally:
+        held.touch()
+    seen["end"] = airflow.wait_for_run(dag_id, run_id, timeout=240)
+    airflow.wait_for_run(HOLD_POOL, holder, timeout=60)
+
+
+def deferral_timeout(scenario: Scenario) -> None:
+    """A deferred task's execution_timeout (90 s) passes while its run trains on: the deferral times out."""
+    airflow, seen = scenario.airflow, scenario.seen
+    seen["pids"] = pids = scenario.start()
+    dag_id, run_id = scenario.dag_id, scenario.run_id
+    wait_for_state(airflow, dag_id, run_id, lambda s: s == "deferred", 120)
+    wait_for_state(airflow, dag_id, run_id, lambda s: s != "deferred", 90 + 120)
+    seen["alive 30s after the timeout"] = ranks_end_within(pids, 30)
+    seen["end"] = airflow.wait_for_run(dag_id, run_id, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def airflow_ends(airflow, tmp_path_factory):
+    """The three scenarios, side by side (each a thread): what each saw, or how it failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    scenarios = {
+        name: Scenario(airflow, dag_id, tmp_path_factory.mktemp(name))
+        for name, dag_id in (
+            ("missed_heartbeats", MISSED_HEARTBEATS),
+            ("late_resume", LATE_RESUME),
+            ("deferral_timeout", DEFERRAL_TIMEOUT),
+        )
+    }
+    with ThreadPoolExecutor(len(scenarios)) as pool:
+        done = {name: pool.submit(globals()[name], scenario) for name, scenario in scenarios.items()}
+    try:
+        yield {name: (scenarios[name], future.exception()) for name, future in done.items()}
+    finally:
+        for scenario in scenarios.values():
+            scenario.gate.touch()  # a run a failure left ends too
+
+
+def scenario_of(airflow_ends, name: str) -> Scenario:
+    scenario, failed = airflow_ends[name]
+    if failed is not None:
+        logs = "\n".join(scenario.log(n) for n in (1, 2) if scenario.run_id)
+        raise AssertionError(f"{name}: {failed!r}\n{logs[-6000:]}") from failed
+    return scenario
+
+
+@pytest.mark.timeout(900)  # (the first of them runs the three scenarios, side by side: 3-5 min)
+def test_a_missed_heartbeat_leaves_the_run_to_the_retry_which_attaches(airflow_ends):
+    """Airflow's scheduler fails a try that missed its heartbeats (up_for_retry), and its supervisor SIGTERMs
+    the task: no user ended it, so the task detaches; the run trains on and the retry attaches to it."""
+    scenario = scenario_of(airflow_ends, "missed_heartbeats")
+    seen, pids = scenario.seen, scenario.seen["pids"]
+    first, second = scenario.log(1), scenario.log(2)
+    assert seen["state"] == "up_for_retry", seen
+    assert (
+        "Airflow ended this try: the task instance is up_for_retry, as after missed heartbeats: detaching from the "
+        "run, which goes on for the retry" in first
+    ), first
+    assert "ending the run" not in first, first
+    assert seen["alive after the first try"] == pids, "a rank ended with the try that missed its heartbeats"
+    assert seen["end"] == "success", second
+    assert "[rank 0] rank 0 passed the gate at step" in second, second
+    assert scenario.starts() == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}  # one run: one start each
+    assert scenario.airflow.xcom(scenario.dag_id, scenario.run_id, "train")["pid"] == pids[0]
+
+
+@pytest.mark.timeout(900)  # (the first of them runs the three scenarios, side by side: 3-5 min)
+def test_a_deferred_task_that_resumes_after_the_detached_timeout_gets_rank_0s_value(airflow_ends):
+    """The trigger fired and detached; the task's resume waited for its pool's slot past the run's
+    detached_timeout: the run's host kept the outcome (outcome_timeout) and the task gets rank 0's value, from
+    the one run. (Passes once the runner's host keeps a finished run's outcome for outcome_timeout.)"""
+    scenario = scenario_of(airflow_ends, "late_resume")
+    seen, pids = scenario.seen, scenario.seen["pids"]
+    logged = scenario.log(1)
+    assert seen["state while late"] == "scheduled", seen  # resumed late: the pool's slot was held
+    assert seen["end"] == "success", logged
+    assert scenario.airflow.task_instance(scenario.dag_id, scenario.run_id, "train")["try_number"] == 1
+    value = scenario.airflow.xcom(scenario.dag_id, scenario.run_id, "train")
+    assert value["pid"] == pids[0], value
+    assert scenario.starts() == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
+
+
+@pytest.mark.timeout(900)  # (the first of them runs the three scenarios, side by side: 3-5 min)
+def test_a_deferred_tasks_execution_timeout_ends_its_deferral_and_every_rank(airflow_ends):
+    """execution_timeout bounds the deferral too (defer(timeout=) with what is left of it): Airflow ends the
+    deferral without the trigger's on_kill(); its cleanup() past the deadline ends every rank."""
+    scenario = scenario_of(airflow_ends, "deferral_timeout")
+    seen = scenario.seen
+    logged = scenario.log(1)
+    assert seen["alive 30s after the timeout"] == [], logged
+    assert seen["end"] == "failed", logged
+    assert "TaskDeferralTimeout" in logged or "Trigger timeout" in logged, logged
+    assert "The task's execution_timeout has passed while it was deferred: ending the run" in logged, logged
+
+
+def test_a_client_that_sets_its_own_address_for_its_ranks_runs_durably(airflow):
+    """spark.horovodRunner.driverHost is where the task's own ranks would reach it (a client in a container):
+    the run's host, in the cluster, listens where it is. (Passes once the host's plan leaves out the settings
+    of the client's own address.)"""
+    run_id = airflow.trigger(CLIENT_ADDRESS)
+    state = airflow.wait_for_run(CLIENT_ADDRESS, run_id, timeout=240)
+    logged = log_text(airflow.task_log(CLIENT_ADDRESS, run_id, "allreduce"))
+    assert state == "success", logged
+    assert "Submitted the run: {" in logged, logged
+    assert airflow.xcom(CLIENT_ADDRESS, run_id, "allreduce") == {"size": 2, "sum": 3.0}

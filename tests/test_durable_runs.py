@@ -23,6 +23,7 @@ from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, train_unti
 
 from airflow_provider_hvd import (
     HorovodRunner,
+    HostSlotError,
     JobNotFoundError,
     LaunchError,
     RankFailedError,
@@ -411,6 +412,22 @@ def test_refusals_are_one_sentence(connect_durable):
     with connect_session(connect_durable.url) as spark:
         with pytest.raises(TypeError, match=r"submit_on_dataframe takes the DataFrame's recipe, not a DataFrame: "):
             HorovodRunner(np=2).submit_on_dataframe(allreduce_sum, spark.range(4))
+        # local[3]: the user's np and the run's host, named apart
+        with pytest.raises(
+            HostSlotError,
+            match=r"^HorovodRunner\(np=3\)'s 3 ranks fit the cluster at local\[3\] \(3 Spark task slots at most\), but "
+            r"a submitted run needs 1 more for its host, which holds it for the whole run: 4 at once\. Give the "
+            r"cluster one more task slot, lower np to at most 2, or use run\(\), whose supervisor is the calling",
+        ):
+            HorovodRunner(np=3).submit(allreduce_sum)
+        with pytest.raises(
+            LaunchError,
+            match=r"^TorchDistributor\(num_processes=4\) needs 4 Spark task slots at once for its ranks and a "
+            r"submitted run 1 more for its host, 5 in all \(a barrier job starts all its tasks together\), but the "
+            r"cluster at local\[3\] has 3 at most \(spark.task.cpus=1\)\. Lower num_processes to at most 2 to submit "
+            r"it \(or at most 3 with run\(\), which needs no slot for a host\), give the cluster more",
+        ):
+            TorchDistributor(num_processes=4, local_mode=False, use_gpu=False).submit(allreduce_sum)
     with pytest.raises(TypeError, match=r"takes the DataFrame's SQL \(a string\) or a callable .*, not int"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).submit_on_dataframe(allreduce_sum, 4)
     with pytest.raises(ValueError, match="is not a run's id: give job.id as submit"):

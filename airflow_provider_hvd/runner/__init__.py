@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     HorovodRunnerError,
+    HostSlotError,
     JobNotFoundError,
     LaunchError,
     RankFailedError,
@@ -46,6 +47,7 @@ __all__ = [
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",
+    "HostSlotError",
     "Job",
     "JobNotFoundError",
     "JobStatus",

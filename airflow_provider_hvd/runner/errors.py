@@ -11,6 +11,16 @@ class LaunchError(HorovodRunnerError):
     """The ranks could not be started (too few task slots, Spark refused the barrier job, a start timeout)."""
 
 
+class HostSlotError(LaunchError):
+    """A submitted run's ranks fit the cluster, but not with the task slot its host holds beside them for the
+    whole run; ``run()``, whose supervisor is the calling process, needs no such slot. ``reason`` is what does not
+    fit, without the advice (a caller that runs the job otherwise says its own)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class RunCancelledError(HorovodRunnerError):
     """The run was cancelled with :meth:`HorovodRunner.cancel`; every rank was ended."""
 

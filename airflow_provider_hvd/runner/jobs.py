@@ -131,6 +131,7 @@ class Job:
         client = LinkClient(self._address, liveness, self._logs, self._sink, after, self._fetch, self._mlflow_run)
         client.connect()
         self._client = client
+        client.heard.wait()  # (the run's status is among the host's first frames: status() is the host's from now on)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Rank 0's return value, once the run ended; or the error ``run()`` would raise (RankFailedError naming
@@ -374,8 +375,9 @@ def attach(
     :param on_mlflow_run: called with the run's MLflow run id and UI URL (None where there is none) once its
         host names it, for a run with ``mlflow=`` (also ``job.mlflow_run_id`` and ``job.mlflow_run_url``).
 
-    Raises :class:`JobNotFoundError` for an ended run (its session released) or an unknown id, and ValueError
-    for what is not a run's id.
+    Returns once the run's host said where the run is: ``job.status()`` is the host's (``ended``, with the
+    ``cause`` of a failed run, for a run whose outcome it still holds). Raises :class:`JobNotFoundError` for an
+    ended run (its session released) or an unknown id, and ValueError for what is not a run's id.
     """
     from .durable.host import open_session
 

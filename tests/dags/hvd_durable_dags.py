@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
 
@@ -47,6 +47,12 @@ def train_until_gate(pid_dir: str, gate: str) -> dict:
 
 
 def trainer(task_id: str, **kwargs: object) -> TorchDistributorOperator:
+    settings: dict = {
+        "retries": 1,
+        "retry_delay": timedelta(seconds=1),
+        "mlflow": True,  # the deployment's MLFLOW_TRACKING_URI: one MLflow run for the run, whichever try attaches
+        **kwargs,
+    }
     return TorchDistributorOperator(
         task_id=task_id,
         python_callable=train_until_gate,
@@ -55,10 +61,7 @@ def trainer(task_id: str, **kwargs: object) -> TorchDistributorOperator:
         local_mode=False,
         use_gpu=False,
         conn_id="spark_connect_default",
-        retries=1,
-        retry_delay=timedelta(seconds=1),
-        mlflow=True,  # the deployment's MLFLOW_TRACKING_URI: one MLflow run for the run, whichever try attaches
-        **kwargs,
+        **settings,
     )
 
 
@@ -70,6 +73,34 @@ with DAG("deferred_training", schedule=None, start_date=START, catchup=False):
 
 with DAG("not_durable_training", schedule=None, start_date=START, catchup=False):  # benchmarks/durable_retry.py
     trainer("train", durable=False)
+
+with DAG("durable_missed_heartbeats", schedule=None, start_date=START, catchup=False):
+    # the test holds the retry back (up_for_retry) until the first try's supervisor, stopped past the deployment's
+    # heartbeat timeout, has heard the server's 409 and SIGTERMed it
+    trainer("train", retry_delay=timedelta(seconds=20))
+
+LATE_POOL = "late_resume"  # 1 slot (tests/test_airflow_deployment.py makes it): deferred tasks do not hold it
+
+with DAG("deferred_late_resume", schedule=None, start_date=START, catchup=False):
+    # resumed once the pool's slot is free: later than the run's detached_timeout after the trigger detached
+    trainer("train", deferrable=True, pool=LATE_POOL, detached_timeout=20)
+
+with DAG("hold_the_pool_slot", schedule=None, start_date=START, catchup=False):
+
+    @task(pool=LATE_POOL)
+    def hold(gate: str) -> None:
+        """Hold the pool's slot until the file ``gate`` exists."""
+        import time
+        from pathlib import Path
+
+        while not Path(gate).exists():
+            time.sleep(0.5)
+
+    hold("{{ dag_run.conf['gate'] }}")
+
+with DAG("deferred_execution_timeout", schedule=None, start_date=START, catchup=False):
+    # trains until a gate nobody opens: the deferral times out with what is left of execution_timeout
+    trainer("train", deferrable=True, execution_timeout=timedelta(seconds=90), retries=0)
 
 with DAG("deferrable_on_classic", schedule=None, start_date=START, catchup=False):
     TorchDistributorOperator(  # on spark_default, a classic connection: refused when the task starts

@@ -49,6 +49,7 @@ class LinkClient:
         self.result: bytes | None = None
         self.lost: str | None = None  # why the link ended before the outcome came
         self.ended = threading.Event()  # the outcome came, or the link was lost
+        self.heard = threading.Event()  # the host's first status came (its first frames), or the link ended
         self._closing = threading.Event()
         self._sock: socket.socket | None = None
         self._stream: FrameStream | None = None
@@ -83,6 +84,7 @@ class LinkClient:
                     self._relay(message)
                 elif isinstance(message, link.Status):
                     self.status = message
+                    self.heard.set()
                 elif isinstance(message, link.Progress):
                     self._progress(message)
                 elif isinstance(message, link.Outcome):
@@ -104,6 +106,7 @@ class LinkClient:
             if not self._closing.is_set() and self.outcome is None and self.lost is None:
                 self.lost = "the link to the run's host ended"
             self.ended.set()
+            self.heard.set()
             self._close_socket()
 
     def _relay(self, lines: link.Lines) -> None:

@@ -54,17 +54,6 @@ class _Operation:
             self.error = exc
 
 
-def check_host_slot(app: object, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
-    """The slot check of a submitted run: its ranks' tasks and its host's."""
-    try:
-        app.check_slots(tasks + HOST_SLOTS, timeout, cancelled)  # type: ignore[attr-defined]
-    except LaunchError as exc:
-        raise LaunchError(
-            f"{exc} A submitted run needs {HOST_SLOTS} task slot more than its ranks, for its host (where its "
-            "supervisor runs) for the whole run: see docs/durable-runs.md."
-        ) from None
-
-
 def submit_run(
     spark: SparkSession,
     spec: HostSpec,
@@ -86,7 +75,8 @@ def submit_run(
     size = len(payload) + (spec.dataframe.size if spec.dataframe is not None else 0)  # (both in the host's plan)
     if size > limit:
         raise job_too_large(size, limit, bound_by, app.url, submitted=True)
-    check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
+    # its ranks' tasks and its host's, named apart (HostSlotError where only the host's does not fit)
+    app.check_slots(spec.size // spec.per_task, spec.slot_wait_timeout, cancelled, HOST_SLOTS)
     connection, shown, user_id = connection_string(spark)
     settings = session_settings(spark)  # (before the run's session: nothing to release when it fails)
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"

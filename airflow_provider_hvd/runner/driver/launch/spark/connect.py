@@ -162,9 +162,17 @@ class ConnectApp:
         warn_if_plan_readable(self.url, is_tls(self.spark), driver.bind)
         return driver
 
-    def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
+    def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool], host_slots: int = 0) -> None:
         check_connect_slots(
-            self.master, self.conf, tasks, self.where(), self.naming, timeout, cancelled, self._session_stopped
+            self.master,
+            self.conf,
+            tasks,
+            self.where(),
+            self.naming,
+            timeout,
+            cancelled,
+            self._session_stopped,
+            host_slots,
         )
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
