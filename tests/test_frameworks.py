@@ -8,6 +8,10 @@ Each rank imports its framework (seconds of CPU): one run per framework and case
 from __future__ import annotations
 
 import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import make_session
@@ -26,6 +30,7 @@ TRAIN = {"hf": hf_train, "lightning": lightning_train}
 RESUMED_AT = KILL_AT_STEP // SAVE_EVERY * SAVE_EVERY
 AFTER_RESUMING = list(range(RESUMED_AT + LOG_EVERY, MAX_STEPS + 1, LOG_EVERY))
 EXPERIMENT = "hvd-frameworks"
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +123,29 @@ def test_a_retry_resumes_from_the_checkpoint_and_ends_with_the_uninterrupted_ste
         whole = dict(uninterrupted[name][0].metrics["loss"])
         assert second_curve == [(step, pytest.approx(whole[step], rel=1e-6)) for step in AFTER_RESUMING]
 
+
+@pytest.mark.parametrize(
+    ("example", "returned"),
+    [
+        ("hf_trainer.py", {"steps": 20, "processes": 2}),
+        ("lightning_ddp.py", {"steps": 32, "processes": 2}),
+        ("accelerate_loop.py", {"epochs": 4, "processes": 2}),
+        ("fsdp2.py", {"epochs": 4}),
+    ],
+)
+def test_the_documented_examples_run_as_written(example, returned, tmp_path):
+    """docs/frameworks.md's examples, each as the script it is; the loops (whose resuming is theirs) also resume."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / example), str(out)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    printed = proc.stdout.splitlines()
+    assert printed[0] == str(returned), printed  # together: each process alone would count its own steps
+    checkpoint = printed[2].removeprefix("last checkpoint: ")
+    assert Path(checkpoint).exists() and Path(checkpoint).is_relative_to(out), printed
+    if "epochs" in returned:
+        train = runpy.run_path(str(EXAMPLES / example))["train"]
+        runner = TorchDistributor(2, local_mode=True, use_gpu=False, resume_from={"path": checkpoint, "epoch": 4})
+        runner.run(train, str(out), epochs=6)
+        assert steps(runner.metrics["loss"]) == [5, 6] and runner.checkpoint["path"] == str(out / "epoch-6")
