@@ -1,8 +1,8 @@
 """Callbacks for the frameworks that train inside the ranks: ``integrations.lightning`` (a Lightning ``Callback``)
 and ``integrations.transformers`` (a Hugging Face ``TrainerCallback``), each one line to add. They send rank 0's
-logged metrics through ``log_metrics`` and each checkpoint the framework saves, once it is
-whole, through ``report_checkpoint``; :func:`last_checkpoint_path` gives the framework
-the checkpoint to resume from. Importing this package imports no framework (each module imports its own).
+logged metrics through ``log_metrics`` and each checkpoint the framework saves, once it is whole, through
+``report_checkpoint``; :func:`last_checkpoint_path` gives the framework the checkpoint to resume from. Importing
+this package imports no framework (each module imports its own).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import math
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
 
 from airflow_provider_hvd.runner.rank.progress import MAX_METRICS, last_checkpoint, log_metrics
 
@@ -19,8 +18,8 @@ __all__ = ["last_checkpoint_path"]
 
 
 def last_checkpoint_path() -> str | None:
-    """The path of the checkpoint to resume from (``last_checkpoint()``'s), or None to
-    start afresh: ``trainer.train(resume_from_checkpoint=last_checkpoint_path())`` (Hugging Face),
+    """The path of the checkpoint to resume from (``last_checkpoint()``'s), or None to start afresh:
+    ``trainer.train(resume_from_checkpoint=last_checkpoint_path())`` (Hugging Face),
     ``trainer.fit(model, ckpt_path=last_checkpoint_path())`` (Lightning).
 
     :raises FileNotFoundError: the checkpoint is not on this host (it was saved where this try cannot read it).
@@ -37,19 +36,6 @@ def last_checkpoint_path() -> str | None:
             "hvd_checkpoint (its Task State Store) to start afresh"
         )
     return path
-
-
-def numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics that are one finite or infinite number each (floats, ints, 0-d tensors), as floats."""
-    found = {}
-    for name, value in metrics.items():
-        if isinstance(value, bool):
-            continue
-        try:
-            found[name] = float(value.item() if hasattr(value, "item") else value)
-        except (TypeError, ValueError, RuntimeError):  # a string, a tensor of several values: not a curve
-            continue
-    return found
 
 
 def send_metrics(step: int, metrics: Mapping[str, float]) -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from airflow_provider_hvd.integrations import last_checkpoint_path, numbers, same, send_metrics
-from airflow_provider_hvd.runner.rank.progress import report_checkpoint
+from airflow_provider_hvd.integrations import last_checkpoint_path, same, send_metrics
+from airflow_provider_hvd.runner.rank.progress import numeric, report_checkpoint
 
 __all__ = ["ReportCallback", "last_checkpoint_path"]
 
@@ -52,7 +52,7 @@ class ReportCallback(pl.Callback):
     # -- metrics
 
     def _metrics(self, trainer: pl.Trainer) -> dict[str, float]:
-        metrics = numbers(trainer.callback_metrics)
+        metrics = numeric(trainer.callback_metrics)
         return {
             name: value
             for name, value in metrics.items()

@@ -7,8 +7,8 @@
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[ReportCallback()])
     trainer.train(resume_from_checkpoint=last_checkpoint_path())  # None on a first try: from the start
 
-On a host without GPUs, give ``TrainingArguments(use_cpu=True)``: without it each process trains alone (docs/
-frameworks.md). Needs ``transformers`` (the ``transformers`` extra).
+On a host without GPUs, give ``TrainingArguments(use_cpu=True)``: without it each process trains alone
+(docs/frameworks.md). Needs ``transformers`` (the ``transformers`` extra).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from airflow_provider_hvd.integrations import last_checkpoint_path, numbers, send_metrics
-from airflow_provider_hvd.runner.rank.progress import report_checkpoint
+from airflow_provider_hvd.integrations import last_checkpoint_path, send_metrics
+from airflow_provider_hvd.runner.rank.progress import numeric, report_checkpoint
 
 __all__ = ["ReportCallback", "last_checkpoint_path"]
 
@@ -49,7 +49,7 @@ class ReportCallback(TrainerCallback):
             return
         step = state.global_step
         # (the summary at the end of training repeats the last step's epoch)
-        metrics = {n: v for n, v in numbers(logs).items() if self._sent.get(n) != (step, v)}
+        metrics = {n: v for n, v in numeric(logs).items() if self._sent.get(n) != (step, v)}
         if metrics:
             send_metrics(step, metrics)
             self._sent.update({name: (step, value) for name, value in metrics.items()})
