@@ -1,7 +1,8 @@
 """Hugging Face's Trainer and Lightning on 2 ranks with the provider's callbacks (airflow_provider_hvd.integrations):
 on this host, and as Airflow tasks (dag.test()) on the standalone cluster whose first try loses rank 0 after a
 checkpoint: the curve in the task state store and in a real MLflow run, the checkpoint reported, and the retry
-resuming from it, ending with the uninterrupted run's step count and its curve going on from the checkpoint.
+resuming from it, ending with the uninterrupted run's step count and its curve going on from the checkpoint; and
+docs/frameworks.md's examples, each run as the script it is.
 
 Each rank imports its framework (seconds of CPU): one run per framework and case, read by several tests."""
 
