@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	@# the frameworks first: horovod is built against them (PyTorch and TensorFlow in one wheel)
 	$(PIP) install torch==2.13.0 tensorflow==2.21.0 tf-keras==2.21.0
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) scripts/install_horovod.py
-	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,mlflow,openlineage,dev,docs]'
+	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,transformers,lightning,mlflow,openlineage,dev,docs]'
 	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
 	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.
 	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \

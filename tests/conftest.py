@@ -47,11 +47,14 @@ def pytest_unconfigure(config):
 # session-wide servers its modules use for itself. The modules that share the expensive ones share a worker, so
 # that each server starts once or twice in a run, not on every worker:
 # - "deployment": the real Airflow deployments (PostgreSQL, the standalone cluster, namespace hosts, the local
-#   Connect server, MLflow) and the other MLflow modules;
+#   Connect server, MLflow) and the other MLflow modules (test_frameworks: the standalone cluster and MLflow);
 # - "servers": the other modules on the standalone cluster and on the local Connect server.
 # Workers take the groups in this order, then the other modules: the longest first, so that none starts last.
 WORKER_GROUPS = {
-    "deployment": ["test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"],
+    "deployment": [
+        *("test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"),
+        "test_frameworks",
+    ],
     "servers": [
         *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
         *("test_slot_wait", "test_standalone_cluster", "test_durable_runs"),

@@ -16,7 +16,6 @@ from .driver.launch.spark.cluster import active_session, session_conf
 from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
 from .driver.tracking.mlflow_run import MlflowRun, resolved_tracking_uri, start_mlflow_run
 from .driver.tracking.progress import RunProgress
-from .driver.verdict.stacks import CodeFiles
 from .driver.watch.channel import rank_logs_visible
 from .errors import LaunchError, RunCancelledError
 from .mlflow_settings import MlflowSettings, auth_env, import_mlflow
@@ -193,7 +192,6 @@ class _Runner:
                     progress,
                     liveness,
                     stall_timeout=self.settings.stall_timeout,
-                    code_files=CodeFiles(main, args, kwargs),
                     channel_tls=channel_tls,
                     kind=kind,
                     exit_timeout_s=self.settings.exit_timeout,
@@ -292,7 +290,6 @@ class _Runner:
                 self.progress_interval_s,
                 settings.resume_from,
                 settings.detached_timeout,
-                CodeFiles(main, args, kwargs),
                 *self._host_mlflow(),
                 dataframe=dataframe,
             )

@@ -31,6 +31,7 @@ from typing import cast
 from .. import reaper
 from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
 from ..rank.stacks import STACKS_FILE_ENV
+from ..shared import torch_env
 from ..shared.liveness import Liveness
 from ..shared.messages import (
     Abort,
@@ -131,6 +132,7 @@ class _RankProcess:
             LOG_TOKEN_ENV: token,
             STACKS_FILE_ENV: self.stacks.path,
             reaper.RANK_DIR_ENV: self.folder,
+            **torch_env.error_file_env(env, self.folder),
         }
         out_read, out_write = os.pipe()
         try:

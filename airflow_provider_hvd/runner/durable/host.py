@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
     from ..driver.launch.spark.barrier import SparkLauncher
     from ..driver.tracking.mlflow_run import MlflowRun
-    from ..driver.verdict.stacks import CodeFiles
     from ..driver.watch.supervisor import Supervisor
     from .dataframe_recipe import DataFrameRecipe
 
@@ -69,7 +68,6 @@ class HostSpec:
     progress_interval_s: float
     resume_from: dict[str, Any] | None
     detached_timeout: float
-    code_files: CodeFiles | None
     #: the run's MLflow run, made and ended by the host: its settings (the tracking URI as the submitter
     #: resolved it, no ``on_start``), params, and the submitter's MLflow credentials (they travel in the plan)
     mlflow: MlflowSettings | None = None
@@ -352,7 +350,6 @@ class Host:
             progress,
             spec.liveness,
             stall_timeout=spec.stall_timeout,
-            code_files=spec.code_files,
             channel_tls=spec.channel_tls,
             kind=kind,
             exit_timeout_s=spec.exit_timeout,

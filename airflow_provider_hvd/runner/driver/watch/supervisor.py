@@ -38,7 +38,7 @@ from ..tracking.progress import RunProgress
 from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
 from ..verdict.outcome import Phase, RunOutcome
 from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
-from ..verdict.stacks import CodeFiles, where_ranks_were
+from ..verdict.stacks import where_ranks_were
 from .channel import AgentConnection, ChannelEvent, DriverChannel
 from .phases import RankPhase
 from .stalls import StallWatch, activity_period, collect_stacks
@@ -69,7 +69,6 @@ class Supervisor:
         progress: RunProgress | None = None,
         liveness: Liveness | None = None,
         stall_timeout: float | None = None,
-        code_files: CodeFiles | None = None,
         channel_tls: bool = False,
         kind: RankKind | None = None,
         exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S,
@@ -88,8 +87,7 @@ class Supervisor:
         self._kind_open = False
         self._progress = progress or RunProgress()
         self._liveness = liveness or Liveness()
-        self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
-        self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
+        self._stalls = StallWatch(stall_timeout) if stall_timeout else None
         self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (...shared.tls)
         self._tracking = tracking
         self._task_reasons: dict[Task, str] = {}  # Spark's reason for each task it ended (the launcher's TaskEnded)
@@ -287,7 +285,7 @@ class Supervisor:
         if not running:
             return
         try:
-            ranks = collect_stacks(running, self._code_files)
+            ranks = collect_stacks(running)
         except Exception:  # noqa: BLE001 - never in the way of ending the run
             log.exception("%s: could not collect the ranks' stacks", self._runner)
             return
