@@ -295,6 +295,7 @@ class _Runner:
                 CodeFiles(main, args, kwargs),
                 *self._host_mlflow(),
                 dataframe=dataframe,
+                outcome_timeout=settings.outcome_timeout,
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]
