@@ -31,6 +31,7 @@ from ..shared.timing import (
     CANCELLED_OUTCOME_GRACE_S,
     DEFAULT_OUTCOME_TIMEOUT_S,
     HOST_FAILURE_SHOWN_S,
+    HOST_START_TIMEOUT_S,
     SESSION_KEEPALIVE_S,
 )
 from ..shared.tls import RunCertificate
@@ -618,6 +619,7 @@ class _Peer:
         next_beat = 0.0
         try:
             while not self._gone.is_set() and not host.ended.is_set():
+                ended = host.outcome  # (before the status: once it is set, so is the status "ended", sent before it)
                 status = host.status()  # (first: a client attached afresh has it before any backlog of lines)
                 if status != sent_status:
                     self._send(status)
@@ -632,8 +634,8 @@ class _Peer:
                         self._send(link.Progress(what, value))
                         sent_progress[what] = version
                 lines_left = self._logs and bool(ring.since(self._cursor)[1])  # (every line goes before the outcome)
-                if host.outcome is not None and not outcome_sent and not lines_left:
-                    outcome, result = host.outcome
+                if ended is not None and not outcome_sent and not lines_left:
+                    outcome, result = ended
                     self._send(outcome)
                     if result is not None and self._fetch:  # (a watcher never gets the value: its size only)
                         self._send(link.LinkResult(result))
@@ -672,15 +674,18 @@ def host_task(spec: HostSpec, read_job: Callable[[], bytes]) -> Callable[[Iterat
     return task
 
 
-def later_attempt(runner: str, connection: str, run_session: str, liveness: Liveness) -> NoReturn:
+def later_attempt(
+    runner: str, connection: str, run_session: str, liveness: Liveness, start_wait: float = HOST_START_TIMEOUT_S
+) -> NoReturn:
     """A later attempt of the host's task: Spark retried it (its first attempt failed, or its executor was lost) or
     runs a speculative copy beside a first attempt still running. It never starts the run a second time.
 
     While the first attempt's link answers (a copy), it waits beside it: it neither ends nor replaces that run,
     and never completes before it (Spark would kill the first attempt); Spark kills it once the first completes.
-    Once the first attempt has not answered for the heartbeat timeout (or never published its link), it marks the
-    run lost in its session, with the first one's address for a client to try (``attach()`` then ends what is
-    left of the run and says so), and fails. A host that published why it could not start keeps that cause."""
+    Once the first attempt has not answered for the heartbeat timeout (or published no link within
+    ``start_wait``), it marks the run lost in its session, with the first one's address for a client to
+    try (``attach()`` then ends what is left of the run and says so), and fails. A host that published why it
+    could not start keeps that cause."""
     message = (
         f"{runner}: the run's host was lost (its task or executor failed) and Spark retried it: a submitted run is "
         "not started again from scratch; submit it again (resume_from= resumes from a checkpoint)"
@@ -688,6 +693,10 @@ def later_attempt(runner: str, connection: str, run_session: str, liveness: Live
     session = open_session(connection, run_session)  # (the session gone: the run has ended, attach() says so)
     try:
         first = link.published(session.conf.get(link.LINK_CONF, None))
+        deadline = time.monotonic() + start_wait  # (a first attempt still starting publishes its link within it)
+        while first is None and time.monotonic() < deadline:
+            time.sleep(liveness.interval_s)
+            first = link.published(session.conf.get(link.LINK_CONF, None))
         if isinstance(first, link.HostGone):
             raise RuntimeError(f"{message} ({first.cause})")
         if first is not None:
