@@ -25,8 +25,6 @@ from ..shared.wire import Body, DriverHandshake, FrameStream, Kind, connect_hand
 LINK_CONF = "spark.horovodRunner.durable.link"
 #: the session id of the ranks' own session (the host publishes it beside the link: a cancel without a link ends it)
 RANKS_CONF = "spark.horovodRunner.durable.ranks"
-#: what an earlier version's retried host wrote into LINK_CONF: the run's first host was lost
-_OLD_HOST_LOST = "lost"
 #: the Progress that names the run's MLflow run (``{"run_id", "url"}``), which its host made
 MLFLOW_RUN = "mlflow_run"
 
@@ -73,8 +71,6 @@ def published(value: object) -> LinkAddress | HostGone | None:
     """What the run's host published in LINK_CONF (``value``, None: nothing yet), whichever of its kinds."""
     if value is None or value == "":
         return None
-    if value == _OLD_HOST_LOST:
-        return HostGone("its host was lost (its task or executor failed)", lost=True)
     try:
         data = json.loads(str(value))
         if "failed" in data or "lost" in data:

@@ -130,23 +130,19 @@ def _host_address(
 
     deadline = time.monotonic() + HOST_START_TIMEOUT_S
     while True:
+        session_gone: Exception | None = None
         try:
             value = published(run_session.conf.get(LINK_CONF, None))
-        except Exception as exc:  # noqa: BLE001 - the session was released: the host's end says why
+        except Exception as exc:  # noqa: BLE001 - the session was released: the operation's end says why
+            value, session_gone = None, exc
             operation.thread.join(_OPERATION_END_WAIT_S)
-            raise LaunchError(
-                f"{runner}: the run's host could not start {where}: "
-                f"{summary(operation.error or exc, first_line=True)}"
-            ) from None
         if isinstance(value, LinkAddress):
             return value
         if isinstance(value, HostGone):
             raise LaunchError(f"{runner}: the run's host could not start {where}: {value.cause}")
-        if operation.error is not None or not operation.thread.is_alive():
-            raise LaunchError(
-                f"{runner}: the run's host could not start {where}: "
-                f"{summary(operation.error or 'its operation ended', first_line=True)}"
-            )
+        if session_gone is not None or operation.error is not None or not operation.thread.is_alive():
+            why = summary(operation.error or session_gone or "its operation ended", first_line=True)
+            raise LaunchError(f"{runner}: the run's host could not start {where}: {why}")
         if cancelled():
             raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
         if time.monotonic() > deadline:
