@@ -68,7 +68,7 @@ class JobId:
     def parse(cls, value: str | Mapping[str, Any]) -> JobId:
         try:
             data = json.loads(value) if isinstance(value, str) else dict(value)
-            data.setdefault("outcome_timeout", DEFAULT_OUTCOME_TIMEOUT_S)  # (an id of an earlier version)
+            data.setdefault("outcome_timeout", DEFAULT_OUTCOME_TIMEOUT_S)  # (an id made without it: the default)
             return cls(**{key: data[key] for key in _ID_KEYS})
         except (TypeError, ValueError, KeyError) as exc:
             raise ValueError(
