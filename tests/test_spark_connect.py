@@ -13,7 +13,15 @@ import psutil
 import pytest
 import torch_jobs
 from connect_server import connect_session
-from jobs import allreduce_sum, assert_all_gone, cancel_once_running, fail_on_rank, sleep_and_record, train_linear
+from jobs import (
+    allreduce_sum,
+    assert_all_gone,
+    cancel_once_running,
+    fail_on_rank,
+    hold_slots_until,
+    sleep_and_record,
+    train_linear,
+)
 from test_torch_distributor import check_torchrun_contract
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
@@ -148,6 +156,40 @@ def test_ranks_run_on_the_standalone_workers(connect_standalone, runner_log):
     said = messages(runner_log)
     assert re.search(r"over Spark Connect sc://127\.0\.0\.1:\d+ \(spark://127\.0\.0\.1:\d+\)", said)
     assert "TLS 1.3" not in said  # this application does not encrypt: neither does the channel
+
+
+def test_a_submitted_runs_lost_host_is_found_ended_by_the_next_attach(connect_standalone, tmp_path):
+    """The run's host (its Python worker, on a standalone worker) is killed while the run trains: Spark retries its
+    task, which finds the first attempt gone and marks the run lost. An attach right after the kill, while its
+    host's link refuses it and Spark still runs the task, finds the run ended and ends what is left of it (a retry
+    of an Airflow task then starts a new run), instead of saying that it needs a route to the executors."""
+    import json
+    import signal
+
+    from jobs import train_until_gate, wait_for_pids
+
+    from airflow_provider_hvd import HorovodRunnerError, JobNotFoundError, attach
+    from airflow_provider_hvd.runner.durable.host import connection_string, open_session
+    from airflow_provider_hvd.runner.durable.link import LINK_CONF, LinkAddress
+
+    gate = tmp_path / "gate"
+    with connect_session(connect_standalone) as spark:
+        job = HorovodRunner(np=1).submit(train_until_gate, pid_dir=str(tmp_path), gate=str(gate))
+        try:
+            pids = wait_for_pids(str(tmp_path), 1, timeout=180)
+            run = open_session(connection_string(spark)[0], json.loads(job.id)["session_id"])
+            host = LinkAddress.from_conf(str(run.conf.get(LINK_CONF)))
+            run.client.close()
+            os.kill(host.pid, signal.SIGKILL)
+            with pytest.raises(JobNotFoundError, match=r"has ended: the run's host was lost \(its task or executor"):
+                attach(job.id)
+            assert_all_gone(pids, within=30)
+            with pytest.raises(HorovodRunnerError, match=r"has ended: its Spark Connect session was closed"):
+                job.wait(60)  # (its link was lost with the host: it attached again)
+            with pytest.raises(JobNotFoundError, match=r"has ended: its Spark Connect session was closed"):
+                attach(job.id)  # nothing of the run is left
+        finally:
+            gate.touch()
 
 
 def test_the_spark_ui_link_of_a_server_on_a_standalone_master_is_its_application_page(
@@ -402,21 +444,6 @@ def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_on
         and "reaches the driver at 0.0.0.0" in warning
     )
     assert "use_ssl=true or a token" in warning and "docs/security.md" in warning
-
-
-def hold_slots_until(path: str):
-    """A task that holds its slot until ``path`` exists (at most 5 minutes)."""
-
-    def task(batches):
-        import os
-        import time
-
-        deadline = time.monotonic() + 300
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        yield from batches
-
-    return task
 
 
 def test_a_busy_cluster_is_waited_for_up_to_slot_wait_timeout_over_connect(connect_standalone, runner_log, tmp_path):

@@ -27,6 +27,11 @@ def test_the_timings_relate_as_their_reasons_say():
     assert timing.DEFAULT_EXIT_TIMEOUT_S >= 120 > timing.EXIT_AFTER_REPORT_S
     # the run's end waits on a progress store that does not answer a few seconds only
     assert timing.FINAL_WRITE_S <= 10
+    # a submitted run's outcome outlives the lease (a deferred task resumes after the run's end, maybe hours later)
+    assert timing.DEFAULT_OUTCOME_TIMEOUT_S >= 3600 > timing.DEFAULT_DETACHED_TIMEOUT_S
+    # attach() waits for Spark's word on a host that refuses it longer than a later attempt probes the first one
+    # (its heartbeat timeout), with as long again for that attempt's start
+    assert timing.HOST_UNREACHABLE_WAIT_S >= 2 * timing.HEARTBEAT_TIMEOUT_S
 
 
 def test_each_timing_is_defined_in_the_timing_module_alone_and_used():

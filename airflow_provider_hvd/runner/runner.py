@@ -292,6 +292,7 @@ class _Runner:
                 settings.detached_timeout,
                 *self._host_mlflow(),
                 dataframe=dataframe,
+                outcome_timeout=settings.outcome_timeout,
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]

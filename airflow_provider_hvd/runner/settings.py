@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from .mlflow_settings import MlflowSettings, mlflow_option, mlflow_settings
 from .rank.progress import RESERVED_INFO
-from .shared.timing import DEFAULT_DETACHED_TIMEOUT_S, DEFAULT_EXIT_TIMEOUT_S
+from .shared.timing import DEFAULT_DETACHED_TIMEOUT_S, DEFAULT_EXIT_TIMEOUT_S, DEFAULT_OUTCOME_TIMEOUT_S
 
 VERBOSITIES = ("all", "log_callback_only")
 DEFAULT_SLOT_WAIT_S = 600.0
@@ -102,6 +102,12 @@ def check_detached_timeout(detached_timeout: object) -> float:
     return _positive_seconds(detached_timeout, "detached_timeout", what)
 
 
+def check_outcome_timeout(outcome_timeout: object) -> float:
+    """``outcome_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
+    what = "how long a submitted run's host keeps its outcome, once it ended, for a client to fetch it"
+    return _positive_seconds(outcome_timeout, "outcome_timeout", what)
+
+
 def resume_value(resume_from: object) -> dict[str, Any] | None:
     """``resume_from`` as the dict ``last_checkpoint()`` returns (a str is a path)."""
     if resume_from is None:
@@ -145,6 +151,7 @@ class RunOptions(TypedDict, total=False):
     progress_sink: ProgressSink | None
     mlflow: bool | Mapping[str, Any] | MlflowSettings | None
     detached_timeout: float | timedelta
+    outcome_timeout: float | timedelta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +193,10 @@ class RunSettings:
     :param detached_timeout: for a submitted run (``submit()``, over Spark Connect): seconds (or a timedelta,
         default 900) that it goes on with nobody attached; then it ends itself: every rank ended, its Spark jobs
         interrupted, its Connect sessions released (docs/durable-runs.md). ``run()`` stays attached throughout.
+    :param outcome_timeout: for a submitted run: seconds (or a timedelta, default 6 hours) that its host keeps
+        the run's outcome (rank 0's value, or its error) once it ended, whoever is attached, until a client fetches
+        it (``job.wait()``); then the host releases its task slot and sessions, and ``attach()`` raises
+        :class:`JobNotFoundError`. A deferred Airflow task may wait that long for a worker slot.
     """
 
     driver_log_verbosity: str = _setting("log_callback_only", check_verbosity)
@@ -196,6 +207,7 @@ class RunSettings:
     progress_sink: ProgressSink | None = _setting(None, _as_sink, task=False)
     mlflow: MlflowSettings | None = _setting(None, mlflow_settings, task_check=mlflow_option)
     detached_timeout: float = _setting(DEFAULT_DETACHED_TIMEOUT_S, check_detached_timeout)
+    outcome_timeout: float = _setting(DEFAULT_OUTCOME_TIMEOUT_S, check_outcome_timeout)
 
     @classmethod
     def from_kwargs(cls, given: Mapping[str, Any], owner: str, /, **defaults: Any) -> RunSettings:

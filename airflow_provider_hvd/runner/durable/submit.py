@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import LaunchError, RunCancelledError
-from ..shared.timing import HOST_START_TIMEOUT_S
+from ..shared.timing import HOST_START_TIMEOUT_S, SESSION_KEEPALIVE_S
 from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
-from .link import LINK_CONF, LinkAddress
+from .link import LINK_CONF, HostGone, LinkAddress, published
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _LINK_POLL_S = 0.25
+_OPERATION_END_WAIT_S = 2.0  # a released session's operation fails at once: its error may name the cause
 HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 
 
@@ -65,8 +66,7 @@ def submit_run(
 ) -> Job:
     """Start the run's host on the server of ``spark`` and return the run's handle, attached; ``announce`` is
     told the run's id before the host starts, ``on_mlflow_run`` its MLflow run once the host made it."""
-    from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
-    from ..driver.launch.spark.connect_client import interrupt_tag
+    from ..driver.launch.spark.connect import ConnectApp, job_limit, job_too_large
     from ..jobs import Job, JobId
 
     runner = spec.naming.runner
@@ -82,45 +82,78 @@ def submit_run(
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"
     run_session = open_session(connection, session_id)
     run_session.client.disable_reattachable_execute()  # an operation that outlives this process (FACTS)
-    spec = dataclasses.replace(spec, connection=connection, run_session=session_id, tag=tag, session_conf=settings)
-    ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
+    spec = dataclasses.replace(
+        spec,
+        connection=connection,
+        run_session=session_id,
+        tag=tag,
+        session_conf=settings,
+        keepalive_s=SESSION_KEEPALIVE_S,
+    )
+    ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout, spec.outcome_timeout)
     if announce is not None:
         try:
             announce(ident.dumps())
         except BaseException:
-            release(run_session)
+            _end(run_session, tag)
             raise
     operation = _Operation(run_session, spec, payload)
     del payload
-    deadline = time.monotonic() + HOST_START_TIMEOUT_S
     try:
-        while True:
-            value = run_session.conf.get(LINK_CONF, None)
-            if value:
-                address = LinkAddress.from_conf(str(value))
-                break
-            if operation.error is not None or not operation.thread.is_alive():
-                from ..driver.launch.spark.cluster import summary
-
-                raise LaunchError(
-                    f"{runner}: the run's host could not start on {app.where()}: "
-                    f"{summary(operation.error or 'its operation ended', first_line=True)}"
-                )
-            if cancelled():
-                raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
-            if time.monotonic() > deadline:
-                raise LaunchError(
-                    f"{runner}: the run's host did not start within {HOST_START_TIMEOUT_S:g}s on {app.where()}: "
-                    "its one task waits for a free task slot, or its executor cannot start Python."
-                )
-            time.sleep(_LINK_POLL_S)
+        address = _host_address(run_session, operation, runner, app.where(), cancelled)
         log.info("%s: submitted; its host runs at %s:%d (%s)", runner, address.host, address.port, ident.describe())
-        job = Job(ident, run_session, address, progress_sink, on_mlflow_run=on_mlflow_run)
-        job._connect()
+        job = Job(ident, run_session, progress_sink, on_mlflow_run=on_mlflow_run)
+        job._connect(address)
     except BaseException:
-        try:
-            interrupt_tag(run_session, tag, CANCEL_CALL_S)
-        finally:
-            release(run_session)
+        _end(run_session, tag)
         raise
     return job
+
+
+def _host_address(
+    run_session: SparkSession, operation: _Operation, runner: str, where: str, cancelled: Callable[[], bool]
+) -> LinkAddress:
+    """Where the run's host listens, once it published it; LaunchError naming why it could not start (what it
+    published in its place, or its operation's error), RunCancelledError, or LaunchError after
+    ``HOST_START_TIMEOUT_S``."""
+    from ..driver.launch.spark.cluster import summary
+
+    deadline = time.monotonic() + HOST_START_TIMEOUT_S
+    while True:
+        session_gone: Exception | None = None
+        try:
+            value = published(run_session.conf.get(LINK_CONF, None))
+        except Exception as exc:  # noqa: BLE001 - the session was released: the operation's end says why
+            value, session_gone = None, exc
+            operation.thread.join(_OPERATION_END_WAIT_S)
+        if isinstance(value, LinkAddress):
+            return value
+        if isinstance(value, HostGone):
+            raise LaunchError(f"{runner}: the run's host could not start {where}: {value.cause}")
+        if session_gone is not None or operation.error is not None or not operation.thread.is_alive():
+            why = summary(operation.error or session_gone or "its operation ended", first_line=True)
+            raise LaunchError(f"{runner}: the run's host could not start {where}: {why}")
+        if cancelled():
+            raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"{runner}: the run's host did not start within {HOST_START_TIMEOUT_S:g}s {where}: its one "
+                "task waits for a free task slot, or its executor cannot start Python."
+            )
+        time.sleep(_LINK_POLL_S)
+
+
+def _end(run_session: SparkSession, tag: str) -> None:
+    """End the run's operation and release its session, after a failure that is the caller's to raise: an error
+    here is logged, never raised in its place."""
+    from ..driver.launch.spark.connect import CANCEL_CALL_S
+    from ..driver.launch.spark.connect_client import interrupt_tag
+
+    try:
+        interrupt_tag(run_session, tag, CANCEL_CALL_S)
+    except Exception as exc:  # noqa: BLE001 - the session may be gone already (the host released it)
+        log.debug("interrupting the run's operation after its start failed: %s", exc)
+    try:
+        release(run_session)
+    except Exception as exc:  # noqa: BLE001 - as above
+        log.debug("releasing the run's session after its start failed: %s", exc)

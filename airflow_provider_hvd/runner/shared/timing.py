@@ -80,6 +80,12 @@ STACKS_ANSWER_WAIT_S = 2.0
 # ~10 minutes later on Airflow's defaults (heartbeat timeout 300 s + retry delay 300 s), and must find the run.
 DEFAULT_DETACHED_TIMEOUT_S = 900.0
 
+# A finished run's outcome (rank 0's value, or its error) is kept this long after the run ended for the client that
+# owns it, attached or not (outcome_timeout): a deferred Airflow task resumes on a worker once the run ended, and
+# may wait hours for a worker slot or a pool first; a retry may come after the run ended. Meanwhile the host holds
+# its one task slot and the value's memory, so it is bounded: the host ends at once when a client fetched it.
+DEFAULT_OUTCOME_TIMEOUT_S = 21600.0  # 6 hours
+
 # The run's host makes an RPC in each of its Connect sessions this often: a session with no RPC for the server's
 # spark.connect.session.manager.defaultSessionTimeout (60 min by default) is closed, and its operations with it.
 SESSION_KEEPALIVE_S = 60.0
@@ -93,19 +99,34 @@ HOST_START_TIMEOUT_S = 120.0
 # the host's task slot is free for the next run within it.
 CANCELLED_OUTCOME_GRACE_S = 5.0
 
+# A host that could not start publishes its failure in the run's session, where submit() and attach() read it
+# (they look every 0.25 s), then waits until one of them released the session, at most this long, before it
+# releases it itself: a client that comes later finds nothing of the run, and the task slot is freed soon.
+HOST_FAILURE_SHOWN_S = 10.0
+
+# A host whose published link does not take the connection, while the run's session and operation are there: one
+# that is ending releases its session within its 10 s release call; one that was lost (its Python worker or
+# executor died) Spark names within seconds: its operation ends, or the task's next attempt marks the run lost
+# (after HEARTBEAT_TIMEOUT_S of its first attempt not answering). attach() waits this long for either before it
+# says that this process cannot reach the host (a route), or that Spark has not noticed the loss yet.
+HOST_UNREACHABLE_WAIT_S = 30.0
+
 __all__ = [
     "ABORT_WAIT_S",
     "CANCELLED_OUTCOME_GRACE_S",
     "CONNECT_TIMEOUT_S",
     "DEFAULT_DETACHED_TIMEOUT_S",
     "DEFAULT_EXIT_TIMEOUT_S",
+    "DEFAULT_OUTCOME_TIMEOUT_S",
     "EXIT_AFTER_REPORT_S",
     "FINAL_WRITE_S",
     "GLOO_DEFAULT_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
+    "HOST_FAILURE_SHOWN_S",
     "HOST_START_TIMEOUT_S",
+    "HOST_UNREACHABLE_WAIT_S",
     "LAUNCH_FAILURE_SETTLE_S",
     "MIN_BEATS_PER_TIMEOUT",
     "REPORT_DELIVERY_S",

@@ -103,8 +103,8 @@ class Supervisor:
         return unpickle(self.run_raw())  # (pickle.load reads cloudpickle's data: a large result piece by piece)
 
     def status(self) -> tuple[str, int]:
-        """The run's phase (``Phase``'s value) and how many agents have said hello, from any thread."""
-        return self._outcome.phase.value, self._agents_started()
+        """The run's phase (``Phase``'s value) and how many of its ranks were started, from any thread."""
+        return self._outcome.phase.value, sum(conn.rank is not None for conn in list(self._agents))
 
     def run_raw(self) -> Body:
         """:meth:`run`, with rank 0's value as it came, still pickled (a submitted run's host sends it on)."""
