@@ -8,6 +8,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    CauseKind,
     HorovodRunnerError,
     JobNotFoundError,
     LaunchError,
@@ -43,6 +44,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "CauseKind",
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",
