@@ -21,7 +21,7 @@ from airflow_provider_hvd.runner.errors import CauseKind
 
 RESTART_LINE = (
     r"{runner}: restart 1 of 2 after {kind} rank 1 of 2 failed: was killed by SIGKILL without a Python "
-    r"exception: resuming from {ckpt}/epoch-3\.pt \(epoch=3\)"
+    r"exception: resuming from {ckpt}/epoch-3\.pt \(epoch=3\){reported}"
 )
 
 
@@ -36,6 +36,25 @@ def ours(temp: Path) -> list[str]:
 
 def runner_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
+
+
+class Sink:
+    """A progress sink that keeps the restarts too (as an Airflow task's would), of the try it says."""
+
+    try_number = 4
+
+    def __init__(self) -> None:
+        self.checkpoints: list[dict] = []
+        self.attempts: list[dict] = []
+
+    def metrics(self, snapshot: dict) -> None:
+        pass
+
+    def checkpoint(self, record: dict) -> None:
+        self.checkpoints.append(record)
+
+    def restarts(self, records: list[dict]) -> None:
+        self.attempts = records
 
 
 @pytest.fixture
@@ -66,9 +85,12 @@ def test_a_rank_killed_after_a_checkpoint_restarts_from_it_to_the_weights_of_a_r
     assert reference["epochs_trained"] == [1, 2, 3, 4, 5]
 
     ckpt, pid_dir = dirs(tmp_path / "killed")
-    distributor = TorchDistributor(**settings, max_restarts=2)
+    sink = Sink()
+    distributor = TorchDistributor(**settings, max_restarts=2, progress_sink=sink)
     result = distributor.run(train_until_killed, ckpt, str(pid_dir), "torch", kill_after_epoch=3)
     assert result["resumed_from"]["path"] == f"{ckpt}/epoch-3.pt" and result["resumed_from"]["epoch"] == 3
+    assert result["resumed_from"]["try_number"] == Sink.try_number  # (a task's try reported it)
+    assert sink.attempts == distributor.attempts and sink.checkpoints[-1]["epoch"] == 5
     assert result["epochs_trained"] == [4, 5]
     assert result["weights_sha256"] == reference["weights_sha256"]
     assert result["earlier_alive"] == [], "attempt 1's ranks still ran when attempt 2 started"
@@ -79,7 +101,9 @@ def test_a_rank_killed_after_a_checkpoint_restarts_from_it_to_the_weights_of_a_r
     assert second["cause_kind"] is None and second["resumed_from"]["epoch"] == 3
     assert distributor.checkpoint["path"] == f"{ckpt}/epoch-5.pt"
     assert [step for step, _ in distributor.metrics["loss"]] == [1, 2, 3, 4, 5]
-    restart = RESTART_LINE.format(runner="TorchDistributor", kind="torch.distributed", ckpt=re.escape(ckpt))
+    restart = RESTART_LINE.format(
+        runner="TorchDistributor", kind="torch.distributed", ckpt=re.escape(ckpt), reported=", reported by try 4"
+    )
     assert [line for line in runner_lines(caplog) if re.fullmatch(restart, line)], runner_lines(caplog)
     assert "[rank 1] epoch 3 done" in caplog.text and "[rank 1, attempt 2] epoch 4 done" in caplog.text
     assert "[rank 1, attempt 2] epoch 3" not in caplog.text
@@ -238,7 +262,7 @@ def test_on_spark_a_killed_rank_restarts_in_a_new_barrier_job_once_the_last_one_
         {"broadcasts_valid": [], "active_jobs": [], "active_stages": [], "ranks_alive": []},
         {"broadcasts_valid": [False], "active_jobs": [], "active_stages": [], "ranks_alive": []},
     ]
-    restart = RESTART_LINE.format(runner="HorovodRunner", kind="Horovod", ckpt=re.escape(ckpt))
+    restart = RESTART_LINE.format(runner="HorovodRunner", kind="Horovod", ckpt=re.escape(ckpt), reported="")
     assert [line for line in runner_lines(caplog) if re.fullmatch(restart, line)], runner_lines(caplog)
 
     monkeypatch.setattr(SparkContext, "broadcast", broadcast)
