@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_session
+from connect_server import connect_session
 from jobs import alive, assert_all_gone
 from restart_jobs import fail_each_attempt, train_until_killed
 from test_dataframe_feed import holders
@@ -205,6 +206,20 @@ def test_the_policy_restarts_on_causes_not_the_codes_own_and_on_the_exceptions_i
     assert RestartPolicy(2, ("Error",)).why_not(error(CauseKind.EXCEPTION, *oom)) is not None
     assert named.why_not(error(CauseKind.EXCEPTION, "builtins.ValueError", "builtins.Exception")) is not None
     assert named.why_not(error(CauseKind.EXIT)) is not None  # an exit is no exception
+
+
+def test_over_spark_connect_each_attempt_is_a_barrier_job_of_its_own_until_the_budget_is_spent(connect_local, tmp_path):
+    """Rank 1 is SIGKILLed in every attempt, on the local Connect server (whose run's channel is TLS)."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with connect_session(connect_local), pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=2, max_restarts=1).run(fail_each_attempt, pid_dir=str(pid_dir), how="kill")
+    lines = str(info.value).splitlines()
+    assert lines[0] == "Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python exception"
+    assert lines[1] == "Not restarted: its 1 restart(s) are spent (max_restarts=1). 2 attempts ran:"
+    assert [record["cause_kind"] for record in info.value.attempts] == ["signal", "signal"]
+    assert sorted(path.name for path in pid_dir.iterdir()) == [f"{n}-rank-{r}.pid" for n in (1, 2) for r in (0, 1)]
+    assert_all_gone(pids(pid_dir, "*.pid"))
 
 
 # --- on the standalone cluster of two 1-core workers ---

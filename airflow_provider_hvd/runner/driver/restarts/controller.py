@@ -53,9 +53,9 @@ class AttemptRecord:
     """One attempt: its number (from 1), its ranks, when it ran, the checkpoint it resumed from, how it ended."""
 
     number: int
-    size: int
     started_at: float  # time.time()
     resumed_from: dict[str, Any] | None
+    size: int | None = None  # its ranks (None: it failed before its launch was made)
     ended_at: float | None = None
     cause_kind: str | None = None  # (CauseKind's value) None while it runs, and when it succeeded
     cause: str | None = None  # the first line of its error
@@ -75,8 +75,9 @@ class AttemptRecord:
     def line(self) -> str:
         """The attempt in one line, for the run's error."""
         start = "from the start" if self.resumed_from is None else f"from {describe_checkpoint(self.resumed_from)}"
+        ranks = "" if self.size is None else f"{self.size} ranks, "
         end = "succeeded" if self.ended_at is not None and self.cause is None else f"{self.cause} [{self.cause_kind}]"
-        return f"attempt {self.number} ({self.size} ranks, {start}): {end}"
+        return f"attempt {self.number} ({ranks}{start}): {end}"
 
 
 class RunController:
@@ -113,7 +114,7 @@ class RunController:
         """Rank 0's value (still pickled) from the attempt that succeeded; else the last attempt's error, its
         message saying, where the run could restart, why it did not and how each attempt ended."""
         while True:
-            record = AttemptRecord(len(self.records) + 1, 0, time.time(), self._progress.resume_point())
+            record = AttemptRecord(len(self.records) + 1, time.time(), self._progress.resume_point())
             self.records.append(record)
             try:
                 self._current = attempt = self._start_attempt(record.number)
