@@ -118,21 +118,30 @@ def check_max_restarts(max_restarts: object) -> int:
 def exception_names(names: object) -> tuple[str, ...]:
     """``restart_on_exceptions`` as a tuple of names (an exception class is named ``module.QualName``);
     ``TypeError`` for anything but exception classes or their names."""
+
+    def is_class(value: object) -> bool:
+        return isinstance(value, type) and issubclass(value, BaseException)
+
+    def refused(value: object) -> TypeError:
+        return TypeError(
+            "restart_on_exceptions takes exception types or their names, e.g. restart_on_exceptions="
+            f"['DistBackendError', 'torch.OutOfMemoryError']; not {value!r}"
+        )
+
     if names is None:
         return ()
-    if isinstance(names, str) or (isinstance(names, type) and issubclass(names, BaseException)):
+    if isinstance(names, str) or is_class(names):
         names = [names]  # one name, or one class
-    fix = "e.g. restart_on_exceptions=['DistBackendError', 'torch.OutOfMemoryError']"
     if not isinstance(names, Iterable):
-        raise TypeError(f"restart_on_exceptions takes exception types or their names, {fix}; not {names!r}")
+        raise refused(names)
     found = []
     for name in names:
-        if isinstance(name, type) and issubclass(name, BaseException):
+        if is_class(name):
             found.append(f"{name.__module__}.{name.__qualname__}")
         elif isinstance(name, str) and name.strip() and all(part.isidentifier() for part in name.strip().split(".")):
             found.append(name.strip())
         else:
-            raise TypeError(f"restart_on_exceptions takes exception types or their names, {fix}; not {name!r}")
+            raise refused(name)
     return tuple(found)
 
 
