@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 RANK_TAG = "[rank %s]"  # a %-format: logging keeps the rank among a record's args, for handlers that want it
-RANK_LINE = RANK_TAG + " %s"  # its args: the rank, the line
 
 
 def rank_tag(attempt: int = 1) -> str:
@@ -13,7 +12,7 @@ def rank_tag(attempt: int = 1) -> str:
 
 
 def rank_line(attempt: int = 1) -> str:
-    """:data:`RANK_LINE` in attempt ``attempt``: its args are the rank and the line, whatever the attempt."""
+    """A line's %-format in attempt ``attempt``: its args are the rank and the line, whatever the attempt."""
     return rank_tag(attempt) + " %s"
 
 
