@@ -57,7 +57,7 @@ WORKER_GROUPS = {
     ],
     "servers": [
         *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
-        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs"),
+        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs", "test_restarts"),
     ],
     **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
     **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},

@@ -8,6 +8,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    CauseKind,
     HorovodRunnerError,
     HostSlotError,
     JobNotFoundError,
@@ -44,6 +45,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "CauseKind",
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",

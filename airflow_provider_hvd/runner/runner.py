@@ -14,6 +14,8 @@ from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.barrier import SparkLauncher
 from .driver.launch.spark.cluster import active_session, session_conf
 from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
+from .driver.restarts.controller import RunController
+from .driver.restarts.policy import RestartPolicy
 from .driver.tracking.mlflow_run import MlflowRun, resolved_tracking_uri, start_mlflow_run
 from .driver.tracking.progress import RunProgress
 from .driver.watch.channel import rank_logs_visible
@@ -21,6 +23,7 @@ from .errors import LaunchError, RunCancelledError
 from .mlflow_settings import MlflowSettings, auth_env, import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
 from .shared.liveness import Liveness, liveness_settings, warn_if_gloo_first
+from .shared.messages import unpickle
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
 
@@ -48,6 +51,22 @@ def _conf_and_tls(spark: SparkSession) -> tuple[Callable[[str], str | None], boo
     """The session's Spark conf getter, and whether the driver channel is TLS (when Spark encrypts its own)."""
     conf = session_conf(spark)
     return conf, spark_encrypts(conf) is not None
+
+
+class _KeptJob:
+    """The pickled job, for each attempt's supervisor: kept for the next attempts only where the run may restart
+    (else the first attempt's launcher has the one copy)."""
+
+    def __init__(self, payload: bytes, keep: bool) -> None:
+        self._payload: bytes | None = payload
+        self._keep = keep
+
+    def take(self) -> bytes:
+        payload = self._payload
+        assert payload is not None, "a run without max_restarts has one attempt"
+        if not self._keep:
+            self._payload = None
+        return payload
 
 
 @dataclass
@@ -128,14 +147,20 @@ class _Runner:
         self.mlflow_run_url: str | None = None
         self.metrics: dict[str, list[tuple[float, float | None]]] = {}
         self.checkpoint: dict[str, Any] | None = None
+        self.attempts: list[dict[str, Any]] = []
         self._runs: list[_Run] = []
 
-    def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
-        """The run's launcher, its Spark conf's getter, and whether the channel is TLS."""
+    def _launcher(
+        self, run: _Run, previous: Launcher | None = None
+    ) -> tuple[Launcher, Callable[[str], str | None], bool]:
+        """The run's launcher (a new one for each attempt: ``previous``, the last attempt's), its Spark conf's
+        getter, and whether the channel is TLS."""
         local = self._local_launcher()
         if local is not None:
             return local, lambda key: None, False  # loopback only: no TLS
         spark, per_task, use_gpus = self._spark_launch()
+        # a run on a DataFrame: its rows counted once, for the first attempt; the same shards for the next ones
+        plan = previous.shard_plan if isinstance(previous, SparkLauncher) else None
         launcher = SparkLauncher(
             spark,
             self._size(),
@@ -144,8 +169,10 @@ class _Runner:
             per_task=per_task,
             use_gpus=use_gpus,
             naming=self.naming,
-            dataframe=run.dataframe,
+            dataframe=run.dataframe if plan is None else None,
         )
+        if plan is not None:
+            launcher.shard_plan = plan
         return launcher, *_conf_and_tls(spark)
 
     def _local_launcher(self) -> Launcher | None:
@@ -167,7 +194,8 @@ class _Runner:
         dataframe: DataFrame | None = None,
     ) -> Any:
         """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value. With
-        ``dataframe``, each rank gets its shard of its rows (``dataframe_shard()``)."""
+        ``dataframe``, each rank gets its shard of its rows (``dataframe_shard()``). With ``max_restarts``, its
+        attempts until one succeeds (:mod:`.driver.restarts`)."""
         self.mlflow_run_id = self.mlflow_run_url = None
         with self._tracked_run(dataframe) as run:
             runner = self.naming.runner
@@ -179,36 +207,49 @@ class _Runner:
             progress = RunProgress(
                 self.metrics_rank, settings.progress_sink, self.progress_interval_s, settings.resume_from, runner
             )
+            # the launcher gets the job; on Spark the driver keeps no copy beside the broadcast's, unless a later
+            # attempt needs it
+            job = _KeptJob(payload, keep=settings.max_restarts > 0)
+            del payload
             with contextlib.ExitStack() as ending:
                 tracking = self._start_mlflow_run(launcher.size, conf)
                 if tracking is not None:  # ended as the run ends, also by what raises before the ranks start
                     ending.enter_context(tracking)
-                supervisor = _supervisor_class()(
-                    launcher,
-                    payload,
-                    self.settings.driver_log_verbosity,
-                    lambda: run.cancelled,
-                    self.start_timeout_s,
-                    progress,
-                    liveness,
-                    stall_timeout=self.settings.stall_timeout,
-                    channel_tls=channel_tls,
-                    kind=kind,
-                    exit_timeout_s=self.settings.exit_timeout,
-                    tracking=tracking,
-                )
-                del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
-                if self.settings.resume_from is not None:
-                    log.info("%s: resuming from %s", runner, describe_checkpoint(self.settings.resume_from))
+
+                def attempt(number: int) -> Supervisor:
+                    nonlocal launcher, kind
+                    if number > 1:  # the last attempt's launcher and rendezvous are over: new ones
+                        launcher, kind = self._launcher(run, launcher)[0], self._rank_kind()
+                    return _supervisor_class()(
+                        launcher,
+                        job.take(),
+                        settings.driver_log_verbosity,
+                        lambda: run.cancelled,
+                        self.start_timeout_s,
+                        progress,
+                        liveness,
+                        stall_timeout=settings.stall_timeout,
+                        channel_tls=channel_tls,
+                        kind=kind,
+                        exit_timeout_s=settings.exit_timeout,
+                        tracking=tracking,
+                        attempt=number,
+                    )
+
+                policy = RestartPolicy(settings.max_restarts, settings.restart_on_exceptions)
+                controller = RunController(attempt, progress, policy, lambda: run.cancelled, runner)
+                if settings.resume_from is not None:
+                    log.info("%s: resuming from %s", runner, describe_checkpoint(settings.resume_from))
                 with rank_logs_visible():
                     try:
-                        return supervisor.run()
+                        return unpickle(controller.run_raw())
                     finally:
                         progress.flush()
                         self.metrics = progress.history.as_dict()
                         self.checkpoint = (
                             None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
                         )
+                        self.attempts = controller.attempts()
 
     @contextlib.contextmanager
     def _tracked_run(self, dataframe: DataFrame | None = None) -> Iterator[_Run]:
@@ -260,6 +301,11 @@ class _Runner:
         from .durable.submit import submit_run
 
         runner = self.naming.runner
+        if self.settings.max_restarts:
+            raise ValueError(
+                f"{runner}(max_restarts={self.settings.max_restarts}).submit(): a submitted run does not restart yet "
+                "(docs/restarts.md); use run(), which restarts, or max_restarts=0 to submit."
+            )
         spark, per_task, use_gpus = self._spark_launch()
         if not is_connect(spark):
             raise LaunchError(
@@ -366,8 +412,9 @@ class HorovodRunner(_Runner):
 
     After :meth:`run` (also one that raised), ``metrics`` holds the history of rank ``metrics_rank``'s
     ``log_metrics`` reports, ``{"loss": [(step, value), ...]}`` (at most 1,000 points per metric, evenly
-    thinned), and ``checkpoint`` the last ``report_checkpoint``: ``{"path", **info, "rank",
-    "reported_at", "try_number"}``, or None.
+    thinned), ``checkpoint`` the last ``report_checkpoint``: ``{"path", **info, "rank",
+    "reported_at", "try_number"}``, or None, and ``attempts`` the record of each attempt (one without
+    ``max_restarts``): ``{"attempt", "size", "started_at", "ended_at", "cause_kind", "cause", "resumed_from"}``.
     """
 
     naming = HOROVOD_RUNNER

@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypedDict, TypeVar
 
@@ -31,7 +31,10 @@ SNAPSHOT_MAX_BYTES = 60_000  # a metrics snapshot as JSON: under the task state 
 class ProgressSink(Protocol):
     """Where a run's progress goes while it runs (the Airflow layer writes it to the task state store).
 
-    A sink may have a ``max_bytes`` attribute: the most a metrics snapshot may take as JSON (default 60,000).
+    A sink may have a ``max_bytes`` attribute: the most a metrics snapshot may take as JSON (default 60,000); a
+    ``try_number`` (the Airflow try whose run it records: a restarted run's checkpoints are that try's); and a
+    ``restarts(records)`` method, given the record of each attempt once a run has restarted (``max_restarts``:
+    ``HorovodRunner.attempts``' dicts), as each attempt ends.
     """
 
     def metrics(self, snapshot: dict[str, Any]) -> None:
@@ -108,6 +111,46 @@ def check_outcome_timeout(outcome_timeout: object) -> float:
     return _positive_seconds(outcome_timeout, "outcome_timeout", what)
 
 
+def check_max_restarts(max_restarts: object) -> int:
+    """``max_restarts`` as an int; ``ValueError`` for anything but a whole number >= 0."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(
+            f"max_restarts must be a whole number >= 0 (how many times a run may start again from its last "
+            f"checkpoint after a failure that is not its code's own; 0: never), not {max_restarts!r}"
+        )
+    return max_restarts
+
+
+def exception_names(names: object) -> tuple[str, ...]:
+    """``restart_on_exceptions`` as a tuple of names (an exception class is named ``module.QualName``);
+    ``TypeError`` for anything but exception classes or their names."""
+
+    def is_class(value: object) -> bool:
+        return isinstance(value, type) and issubclass(value, BaseException)
+
+    def refused(value: object) -> TypeError:
+        return TypeError(
+            "restart_on_exceptions takes exception types or their names, e.g. restart_on_exceptions="
+            f"['DistBackendError', 'torch.OutOfMemoryError']; not {value!r}"
+        )
+
+    if names is None:
+        return ()
+    if isinstance(names, str) or is_class(names):
+        names = [names]  # one name, or one class
+    if not isinstance(names, Iterable):
+        raise refused(names)
+    found = []
+    for name in names:
+        if is_class(name):
+            found.append(f"{name.__module__}.{name.__qualname__}")
+        elif isinstance(name, str) and name.strip() and all(part.isidentifier() for part in name.strip().split(".")):
+            found.append(name.strip())
+        else:
+            raise refused(name)
+    return tuple(found)
+
+
 def resume_value(resume_from: object) -> dict[str, Any] | None:
     """``resume_from`` as the dict ``last_checkpoint()`` returns (a str is a path)."""
     if resume_from is None:
@@ -152,6 +195,8 @@ class RunOptions(TypedDict, total=False):
     mlflow: bool | Mapping[str, Any] | MlflowSettings | None
     detached_timeout: float | timedelta
     outcome_timeout: float | timedelta
+    max_restarts: int
+    restart_on_exceptions: Sequence[str | type[BaseException]] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +242,16 @@ class RunSettings:
         the run's outcome (rank 0's value, or its error) once it ended, whoever is attached, until a client fetches
         it (``job.wait()``); then the host releases its task slot and sessions, and ``attach()`` raises
         :class:`JobNotFoundError`. A deferred Airflow task may wait that long for a worker slot.
+    :param max_restarts: how many times ``run()`` starts the ranks again after a failure that a new attempt can
+        get past (default 0: never, as sparkdl and PySpark): a rank's process killed by a signal or the OOM
+        killer, a lost agent, executor or host, a stall, ranks that never started. Every rank is ended, then
+        started again within the same ``run()``, and ``last_checkpoint()`` in them is the latest checkpoint any
+        attempt reported (else ``resume_from``); ``run()`` returns rank 0's value of the attempt that succeeded.
+        An exception raised in ``main`` ends the run at once (the code's own), unless ``restart_on_exceptions``
+        names it. See docs/restarts.md.
+    :param restart_on_exceptions: exception types (or their names: ``"DistBackendError"``,
+        ``"torch.OutOfMemoryError"``) on which ``max_restarts`` restarts the run too, when ``main`` raises one
+        of them or a subclass (e.g. transient NCCL or CUDA errors). Default: none.
     """
 
     driver_log_verbosity: str = _setting("log_callback_only", check_verbosity)
@@ -208,6 +263,8 @@ class RunSettings:
     mlflow: MlflowSettings | None = _setting(None, mlflow_settings, task_check=mlflow_option)
     detached_timeout: float = _setting(DEFAULT_DETACHED_TIMEOUT_S, check_detached_timeout)
     outcome_timeout: float = _setting(DEFAULT_OUTCOME_TIMEOUT_S, check_outcome_timeout)
+    max_restarts: int = _setting(0, check_max_restarts)
+    restart_on_exceptions: tuple[str, ...] = _setting((), exception_names)
 
     @classmethod
     def from_kwargs(cls, given: Mapping[str, Any], owner: str, /, **defaults: Any) -> RunSettings:
@@ -240,6 +297,8 @@ class RunSettings:
             "stall_timeout": self.stall_timeout,
             "exit_timeout": self.exit_timeout,
             "resume_from": None if self.resume_from is None else self.resume_from.get("path"),
+            "max_restarts": self.max_restarts,
+            "restart_on_exceptions": ",".join(self.restart_on_exceptions) or None,
         }
 
 

@@ -89,6 +89,7 @@ class AgentArgs:
     activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
     tls_fingerprint: str | None = None  # the channel is TLS: the SHA-256 of the driver's certificate (..shared.tls)
     runner: str = HOROVOD_RUNNER.runner  # the runner the user called, as the agent's own messages name it
+    attempt: int = 1  # the run's attempt (max_restarts): the echoed lines are tagged with it after the first
 
 
 class AgentThreadFailed(RuntimeError):
@@ -196,7 +197,7 @@ class _RankProcess:
 
     def _echo(self, text: str, relayed: bool) -> None:
         if self._args.echo_output and (self._args.echo_relayed or not relayed):
-            sys.stderr.write(tagged(self.rank, text) + "\n")
+            sys.stderr.write(tagged(self.rank, text, self._args.attempt) + "\n")
 
     def _take(self, piece: Piece) -> None:
         if not is_stall_warning(piece):

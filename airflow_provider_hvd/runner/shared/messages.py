@@ -59,12 +59,16 @@ class RemoteError:
     message: str
     traceback: str
     at: float | None = None  # when it was caught, by the wall clock of the host it was raised on (time.time())
+    # its class and bases, "module.QualName" each (builtins.ValueError, builtins.Exception): what restart_on_exceptions
+    # matches, as an ``except`` clause would
+    classes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, exc: BaseException) -> RemoteError:
         import traceback
 
-        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)), at=time.time())
+        classes = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c not in (BaseException, object)]
+        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)), time.time(), classes)
 
     def line(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type

@@ -73,8 +73,10 @@ class Supervisor:
         kind: RankKind | None = None,
         exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S,
         tracking: Tracking | None = None,
+        attempt: int = 1,
     ) -> None:
         self.launcher = launcher
+        self.attempt = attempt  # the run's attempt (..restarts): one Supervisor each
         self.size = launcher.size
         self._payload: bytes | None = payload  # handed to the launcher at start, not kept
         self._verbosity = verbosity
@@ -114,7 +116,9 @@ class Supervisor:
         driver = self.launcher.driver
         channel = driver.listen(
             CHANNEL,
-            lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness, tls, self._runner),
+            lambda host, port: DriverChannel(
+                host, secret, self.size, port, self._liveness, tls, self._runner, self.attempt
+            ),
         )
         channel.on_progress = self._progress.take if self._tracking is None else self._take_report
         try:
@@ -135,6 +139,7 @@ class Supervisor:
                 liveness=self._liveness,
                 tls_fingerprint=certificate.fingerprint if certificate else None,
                 runner=self._runner,
+                attempt=self.attempt,
             )
             if self._stalls is not None:
                 args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
@@ -471,4 +476,5 @@ class Supervisor:
             except OSError:
                 pass  # it is gone: its connection's end is on its way as an event
         self._outcome.started()
-        log.info("%s: %d ranks started (%s)", self._runner, self.size, self.launcher.describe())
+        again = f", attempt {self.attempt}" if self.attempt > 1 else ""
+        log.info("%s: %d ranks started (%s%s)", self._runner, self.size, self.launcher.describe(), again)
