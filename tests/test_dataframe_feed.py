@@ -8,11 +8,13 @@ import contextlib
 import datetime
 import decimal
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -162,12 +164,16 @@ def test_a_coalesced_dataframe_feeds_a_barrier_job(spark_local):
 def test_the_plan_refuses_what_it_cannot_feed_in_one_sentence(spark_local):
     from pyspark.sql import functions as F
 
+    page = (Path(__file__).parent.parent / "docs" / "dataframes.md").read_text()
+    quoted = re.findall(r"`ValueError: (The DataFrame has [^`]+)`", re.sub(r"\s*\n\s*", " ", page))
+    assert len(quoted) == 2, quoted  # (the page quotes both refusals, as the code says them)
+    with pytest.raises(ValueError) as none:
+        plan_shards(spark_local.range(0), spark_local, 2, naming=TORCH_DISTRIBUTOR)
+    with pytest.raises(ValueError) as fewer:
+        plan_shards(spark_local.range(3), spark_local, 4, naming=TORCH_DISTRIBUTOR)
+    assert sorted(quoted) == sorted([str(none.value), str(fewer.value)])
     with pytest.raises(ValueError, match=r"^The DataFrame has no rows: HorovodRunner has nothing to give"):
         plan_shards(spark_local.range(0), spark_local, 2)
-    with pytest.raises(
-        ValueError, match=r"has 3 rows for TorchDistributor\(num_processes=4\).*Lower num_processes to at most 3"
-    ):
-        plan_shards(spark_local.range(3), spark_local, 4, naming=TORCH_DISTRIBUTOR)
     other = spark_local.newSession()
     with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession than the one Horovod"):
         plan_shards(other.range(4), spark_local, 2)
