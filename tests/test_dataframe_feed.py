@@ -27,6 +27,7 @@ from dataframe_jobs import (
     ask_for_a_shard,
     by_value,
     ddp_steps,
+    held_after,
     horovod_ids,
     loader_rows,
     run_shards,
@@ -1032,6 +1033,60 @@ def test_a_cancel_ends_the_row_count_and_the_run_at_once(spark, tmp_path):
     assert len(errors) == 1 and isinstance(errors[0], RunCancelledError), errors
     assert str(errors[0]).startswith("TorchDistributor: the run was cancelled before its ranks started"), errors
     assert ended_in < 10 and left == 0, (ended_in, left)
+
+
+def test_a_cancel_while_spark_computes_the_rows_says_how_far_they_got(spark, tmp_path):
+    """A cancel while Spark computes the DataFrame's rows for the barrier job (after their count, which goes free):
+    the run raises RunCancelledError naming the DataFrame and how far it got, not the ranks. Over Spark Connect
+    the driver knows it from the server's progress reports: the cancel waits for the first."""
+    import threading
+
+    from airflow_provider_hvd import RunCancelledError, TorchDistributor
+
+    F = functions_of(spark)
+    held, release = tmp_path / "held", tmp_path / "release"
+    hold = held_after(str(tmp_path / "calls"), 4, str(held), str(release))  # (the count's 4 calls go free)
+    distributor = TorchDistributor(2, local_mode=False, use_gpu=False, start_timeout=1)
+    errors: list[BaseException] = []
+    reported = threading.Event()
+
+    def progress(stages, inflight_tasks, operation_id, done) -> None:
+        if held.exists() and inflight_tasks:
+            reported.set()
+
+    def run() -> None:
+        try:
+            with distributor._on_session(spark):
+                distributor.train_on_dataframe(ask_for_a_shard, df)
+        except BaseException as exc:  # noqa: BLE001 - the test checks it
+            errors.append(exc)
+
+    with by_value(ask_for_a_shard):
+        df = spark.range(0, 4, numPartitions=2).select(F.udf(hold, "long")(F.col("id")).alias("id"))
+        if is_connect(spark):
+            spark.registerProgressHandler(progress)
+        else:
+            reported.set()  # (a classic session's status store has the stage as it starts)
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not held.exists() or not reported.is_set():  # the barrier job's computation waits for the release
+                assert thread.is_alive() and time.monotonic() < deadline, errors
+                time.sleep(0.1)
+            distributor.cancel()
+            thread.join(30)
+        finally:
+            release.touch()
+            thread.join(120)
+            if is_connect(spark):
+                spark.removeProgressHandler(progress)
+    assert len(errors) == 1 and isinstance(errors[0], RunCancelledError), errors
+    assert re.match(
+        r"TorchDistributor: the run was cancelled before its ranks started \(at that moment: Spark computes the "
+        r"DataFrame's rows for the barrier job \(\d+ of its tasks done, \d+ running\)\)$",
+        str(errors[0]),
+    ), errors[0]
 
 
 def test_a_run_on_a_dataframe_refuses_what_it_cannot_feed_naming_the_fix(spark_local):

@@ -27,6 +27,10 @@ def test_the_timings_relate_as_their_reasons_say():
     assert timing.DEFAULT_EXIT_TIMEOUT_S >= 120 > timing.EXIT_AFTER_REPORT_S
     # the run's end waits on a progress store that does not answer a few seconds only
     assert timing.FINAL_WRITE_S <= 10
+    # a DataFrame's rows: the tasks' reports come more often than the driver logs them
+    assert timing.FEED_REPORT_S < timing.FEED_LOG_S < timing.DEFAULT_START_TIMEOUT_S
+    # over Spark Connect, the server's first progress report comes within its default interval (2 s)
+    assert timing.CONNECT_FIRST_PROGRESS_S > 2
 
 
 def test_each_timing_is_defined_in_the_timing_module_alone_and_used():
