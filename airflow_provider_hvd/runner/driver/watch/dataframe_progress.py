@@ -5,7 +5,6 @@ its ranks' shards (its :class:`...shared.messages.ShardProgress` reports, from a
 While that goes on the ranks' start clock waits (:meth:`DataFrameProgress.preparing`): a real table takes
 minutes, the ranks' start seconds. The log says how far the rows got every ``FEED_LOG_S``, and once they are all
 in the shards; a start timeout's or a cancel's error says it too (:meth:`DataFrameProgress.describe`).
-
 """
 
 from __future__ import annotations
