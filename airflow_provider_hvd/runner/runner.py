@@ -95,7 +95,6 @@ class _Runner:
 
     naming: RunnerNaming
 
-    start_timeout_s: float = 120.0
     #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
     payload_warning_bytes: int = WARN_BYTES
     #: the rank whose ``log_metrics`` reports the driver keeps
@@ -225,7 +224,7 @@ class _Runner:
                         job.take(),
                         settings.driver_log_verbosity,
                         lambda: run.cancelled,
-                        self.start_timeout_s,
+                        settings.start_timeout,
                         progress,
                         liveness,
                         stall_timeout=settings.stall_timeout,
@@ -326,7 +325,7 @@ class _Runner:
                 per_task,
                 use_gpus,
                 settings.driver_log_verbosity,
-                self.start_timeout_s,
+                settings.start_timeout,
                 settings.slot_wait_timeout,
                 settings.stall_timeout,
                 settings.exit_timeout,

@@ -19,7 +19,12 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from .mlflow_settings import MlflowSettings, mlflow_option, mlflow_settings
 from .rank.progress import RESERVED_INFO
-from .shared.timing import DEFAULT_DETACHED_TIMEOUT_S, DEFAULT_EXIT_TIMEOUT_S, DEFAULT_OUTCOME_TIMEOUT_S
+from .shared.timing import (
+    DEFAULT_DETACHED_TIMEOUT_S,
+    DEFAULT_EXIT_TIMEOUT_S,
+    DEFAULT_OUTCOME_TIMEOUT_S,
+    DEFAULT_START_TIMEOUT_S,
+)
 
 VERBOSITIES = ("all", "log_callback_only")
 DEFAULT_SLOT_WAIT_S = 600.0
@@ -91,6 +96,12 @@ def _positive_seconds(value: object, name: str, what: str) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
         raise ValueError(f"{name} must be a positive number of seconds (or a timedelta): {what}; not {value!r}")
     return float(seconds)
+
+
+def check_start_timeout(start_timeout: object) -> float:
+    """``start_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
+    what = "how long the ranks may take to start, not counting the time Spark spends on a DataFrame's rows"
+    return _positive_seconds(start_timeout, "start_timeout", what)
 
 
 def check_exit_timeout(exit_timeout: object) -> float:
@@ -188,6 +199,7 @@ class RunOptions(TypedDict, total=False):
 
     driver_log_verbosity: str
     slot_wait_timeout: float
+    start_timeout: float | timedelta
     stall_timeout: float | timedelta | None
     exit_timeout: float | timedelta
     resume_from: Mapping[str, Any] | str | None
@@ -212,7 +224,13 @@ class RunSettings:
         on a busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once). Over
         Spark Connect the free slots are counted by the server's Spark UI (its REST API); where that UI is off,
         the client cannot count them, and the barrier stage's wait in Spark's scheduler is bounded by the ranks'
-        start timeout (120 s).
+        start timeout (``start_timeout``).
+    :param start_timeout: seconds (or a timedelta, default 120) for the ranks to start: every rank's Spark task
+        has its task slot and its agent has reached this driver (``LaunchError`` after it, saying how many had).
+        For a run on a DataFrame, the time Spark spends on its rows is not counted: counting them, computing them
+        for the barrier job and streaming them into the ranks' shards take what they take (the log says how far
+        they got every 10 s), and the ranks' clock runs only while none of that is going on
+        (docs/dataframes.md).
     :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
         (``log_to_driver``, metrics) for that long, the driver's log gets every rank's Python stacks, every rank
         is ended and the run raises :class:`RunStalledError` saying where each one was. ``None`` (default): off.
@@ -256,6 +274,7 @@ class RunSettings:
 
     driver_log_verbosity: str = _setting("log_callback_only", check_verbosity)
     slot_wait_timeout: float = _setting(DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout)
+    start_timeout: float = _setting(DEFAULT_START_TIMEOUT_S, check_start_timeout)
     stall_timeout: float | None = _setting(None, check_stall_timeout)
     exit_timeout: float = _setting(DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout)
     resume_from: dict[str, Any] | None = _setting(None, resume_value, task=False)
@@ -294,6 +313,7 @@ class RunSettings:
         return {
             "driver_log_verbosity": self.driver_log_verbosity,
             "slot_wait_timeout": self.slot_wait_timeout,
+            "start_timeout": self.start_timeout,
             "stall_timeout": self.stall_timeout,
             "exit_timeout": self.exit_timeout,
             "resume_from": None if self.resume_from is None else self.resume_from.get("path"),

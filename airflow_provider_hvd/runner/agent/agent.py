@@ -357,6 +357,7 @@ def _run_rank(
     read_job: Callable[[], bytes],
     watch: DriverWatch,
     extra_env: Mapping[str, str],
+    on_rank_end: Callable[[], None] = lambda: None,
 ) -> threading.Thread:
     env = {**rank_environment(os.environ, hello, start, args.keep_omp_threads, args.hide_gpus), **extra_env}
     outbox = Outbox(stream)
@@ -390,6 +391,7 @@ def _run_rank(
             activity.stop()
         outbox.close()
         reports.close()  # (after the lines: each message reaches the driver before the agent's report)
+    on_rank_end()  # (before the report: once the driver has every rank's, nothing of theirs is held)
     killed = exit_code < 0 and rank_process.terminated_by is None  # a signal the driver did not ask for
     kill_evidence = memory.evidence(exit_code, rank_process.stacks.pid) if killed else None
     memory.close()
@@ -426,21 +428,10 @@ def _let_the_report_arrive(sock: socket.socket, watcher: threading.Thread) -> No
     watcher.join(REPORT_DELIVERY_S)
 
 
-def run_agent(
-    args: AgentArgs,
-    read_job: Callable[[], bytes],
-    hello: Hello | None = None,
-    extra_env: Mapping[str, str] | None = None,
-) -> str:
-    """Run one rank under supervision; returns what became of it, in a word.
-
-    ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
-    ``extra_env``: variables of this rank alone, on top of its environment (where its DataFrame shard is).
-    """
+def connect_driver(args: AgentArgs) -> tuple[socket.socket, FrameStream]:
+    """A connection to the driver channel that has proven the run's secret (over TLS when the channel is)."""
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
     stream: FrameStream | None = None
-    watcher: threading.Thread | None = None
-    watch: DriverWatch | None = None
     try:
         if args.tls_fingerprint is None:
             stream = FrameStream.over_socket(sock)
@@ -448,6 +439,33 @@ def run_agent(
         else:  # the channel is TLS: a certificate other than the run's is refused here, before anything is sent
             stream = connect_tls(sock, args.tls_fingerprint)
             connect_handshake(sock, args.secret, over=stream)
+    except BaseException:
+        if stream is not None:
+            stream.close()
+        else:
+            sock.close()
+        raise
+    return sock, stream
+
+
+def run_agent(
+    args: AgentArgs,
+    read_job: Callable[[], bytes],
+    hello: Hello | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    on_rank_end: Callable[[], None] = lambda: None,
+) -> str:
+    """Run one rank under supervision; returns what became of it, in a word.
+
+    ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
+    ``extra_env``: variables of this rank alone, on top of its environment (where its DataFrame shard is);
+    ``on_rank_end`` is called once the rank process has ended, before the agent reports it (its shard's file
+    let go).
+    """
+    sock, stream = connect_driver(args)
+    watcher: threading.Thread | None = None
+    watch: DriverWatch | None = None
+    try:
         watch = DriverWatch(stream, sock, args.liveness)
         host, hostname = sock.getsockname()[0], socket.gethostname()
         hello = Hello(host=host, pid=os.getpid()) if hello is None else hello
@@ -460,7 +478,7 @@ def run_agent(
         if not isinstance(start, Start):
             return "turned away"  # an Abort: the run has ended, or started without this task
         try:
-            watcher = _run_rank(args, stream, hello, start, read_job, watch, extra_env or {})
+            watcher = _run_rank(args, stream, hello, start, read_job, watch, extra_env or {}, on_rank_end)
             return "done"
         except (ConnectionClosed, ConnectionError):  # reporting to the driver failed: it is gone
             return "lost the driver"
@@ -473,10 +491,7 @@ def run_agent(
     finally:
         if watcher is not None:
             _let_the_report_arrive(sock, watcher)
-        if stream is not None:
-            stream.close()
-        else:
-            sock.close()
+        stream.close()
         if watch is not None:
             watch.stop()
         if watcher is not None:

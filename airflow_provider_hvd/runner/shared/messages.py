@@ -99,6 +99,18 @@ class Hello(Message):
 
 
 @dataclass(frozen=True)
+class ShardProgress(Message):
+    """A run on a DataFrame: Spark task ``task``'s rows written to its ranks' shards so far, from a connection of
+    its own while they stream in (before its agents say hello); the last one says ``done``."""
+
+    KIND: ClassVar[Kind] = Kind.SHARD_PROGRESS
+    task: int
+    rows: int
+    bytes: int
+    done: bool = False
+
+
+@dataclass(frozen=True)
 class LogBatch(Message):
     KIND: ClassVar[Kind] = Kind.LOG
     lines: list[str]
@@ -287,6 +299,7 @@ _BY_KIND: dict[Kind, type[Message]] = {
 _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
 _BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})
 _BY_KIND[Returned.KIND] = Returned
+_BY_KIND[ShardProgress.KIND] = ShardProgress
 _BY_KIND.update({cls.KIND: cls for cls in (RankState, DumpStacks, RankReady)})
 
 

@@ -34,6 +34,27 @@ CONNECT_TIMEOUT_S = 30.0
 # the heartbeat timeout names such an agent first.
 SEND_TIMEOUT_S = 30.0
 
+# -- how a run starts -----------------------------------------------------------------------------------------
+
+# start_timeout's default: every rank's agent has connected and said hello within this (its Spark task has its
+# slot and reaches the driver). A DataFrame's rows are not counted in it: the time Spark spends computing them for
+# the barrier job and streaming them into the shards goes by before the ranks' clock starts (docs/dataframes.md).
+DEFAULT_START_TIMEOUT_S = 120.0
+
+# A barrier task streaming its rows into its ranks' shards tells the driver how far it got at most this often
+# (and once it is done): the driver's log of the DataFrame's progress, and its start clock, read these reports.
+FEED_REPORT_S = 2.0
+
+# A Spark Connect server reports an operation's progress (its stages' tasks) every
+# spark.connect.progress.reportInterval, 2 s by default: until its first report, at most this long, the barrier
+# job's operation counts as at work on a DataFrame's rows (else a short start_timeout would run out before the
+# server said a word).
+CONNECT_FIRST_PROGRESS_S = 5.0
+
+# While a DataFrame's rows are prepared (counted, computed for the barrier job, streamed into the shards), the
+# driver logs how far they got this often: a real table takes minutes, and the log must not look hung.
+FEED_LOG_S = 10.0
+
 # -- how a run ends -------------------------------------------------------------------------------------------
 
 # After the first failure, the reports racing it are awaited this long before the cause is named: the failing
@@ -114,11 +135,15 @@ HOST_UNREACHABLE_WAIT_S = 30.0
 __all__ = [
     "ABORT_WAIT_S",
     "CANCELLED_OUTCOME_GRACE_S",
+    "CONNECT_FIRST_PROGRESS_S",
     "CONNECT_TIMEOUT_S",
     "DEFAULT_DETACHED_TIMEOUT_S",
     "DEFAULT_EXIT_TIMEOUT_S",
     "DEFAULT_OUTCOME_TIMEOUT_S",
+    "DEFAULT_START_TIMEOUT_S",
     "EXIT_AFTER_REPORT_S",
+    "FEED_LOG_S",
+    "FEED_REPORT_S",
     "FINAL_WRITE_S",
     "GLOO_DEFAULT_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",

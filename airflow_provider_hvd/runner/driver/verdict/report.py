@@ -172,13 +172,23 @@ def _error(
     outcome: RunOutcome, cause: Event, others: list[Event], spark_reason: SparkReason, kind: str, naming: RunnerNaming
 ) -> HorovodRunnerError:
     if isinstance(cause, Cancelled):
+        if cause.dataframe is not None:
+            return RunCancelledError(
+                f"{naming.runner}: the run was cancelled before its ranks started (at that moment: {cause.dataframe})"
+            )
         return RunCancelledError(f"{naming.runner}: the run was cancelled; every rank was ended")
     if isinstance(cause, Stalled):
         return stall_error(cause, naming.runner)
     if isinstance(cause, StartTimedOut):
+        dataframe = (
+            ""
+            if cause.dataframe is None
+            else f", not counting the time Spark worked on the DataFrame's rows (at that moment: {cause.dataframe})"
+        )
         return LaunchError(
-            f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
-            "the cluster may be short of task slots or the executors cannot reach this driver"
+            f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what})"
+            f"{dataframe}; the cluster may be short of task slots or the executors cannot reach this driver "
+            "(start_timeout)"
         )
     before_start = not outcome.started_before_cause
     if isinstance(cause, LaunchFailed):

@@ -1,4 +1,5 @@
-"""The driver-side channel: one authenticated TCP connection per rank agent carries hello, logs, result, done.
+"""The driver-side channel: one authenticated TCP connection per rank agent carries hello, logs, result, done
+(and, in a run on a DataFrame, one per barrier task while its rows stream into its shards: how far they got).
 
 One thread serves every connection (a selector loop): a run of 1,000 ranks costs the driver one thread, not
 1,000. A connection must prove the run's secret within the handshake timeout before any frame of it is read;
@@ -50,6 +51,7 @@ from ...shared.messages import (
     RankState,
     Result,
     Returned,
+    ShardProgress,
     Start,
     decode,
     frame,
@@ -248,10 +250,11 @@ def _ready(sock: socket.socket, events: int) -> bool:
 
 @dataclass(frozen=True)
 class ChannelEvent:
-    """An agent said hello, its rank returned, it reported (Done or AgentFailed), or its connection ended before."""
+    """An agent said hello, its rank returned, it reported (Done or AgentFailed), or its connection ended before; or
+    a barrier task's connection told how far its shards got (ShardProgress)."""
 
     conn: AgentConnection
-    message: Hello | Returned | Done | AgentFailed | None  # None: lost
+    message: Hello | Returned | Done | AgentFailed | ShardProgress | None  # None: lost
     lost: str = ""
     silent_for: float | None = None  # lost because nothing came from it for this long (heartbeat timeout)
 
@@ -520,7 +523,7 @@ class DriverChannel:
         elif isinstance(message, (Metrics, Checkpoint)):
             if self.on_progress is not None:
                 self.on_progress(conn.rank, message)
-        elif isinstance(message, (Hello, Returned)):
+        elif isinstance(message, (Hello, Returned, ShardProgress)):
             if isinstance(message, Hello):
                 conn.hello = message
             self.events.put(ChannelEvent(conn, message))

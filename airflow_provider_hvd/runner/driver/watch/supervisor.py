@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from ...shared.gpus import GPU
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
-from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
+from ...shared.messages import Done, Hello, Message, Returned, ShardProgress, Start, unpickle
 from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
 from ...shared.wire import Body, new_secret
@@ -40,6 +40,7 @@ from ..verdict.outcome import Phase, RunOutcome
 from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
 from ..verdict.stacks import where_ranks_were
 from .channel import AgentConnection, ChannelEvent, DriverChannel
+from .dataframe_progress import DataFrameProgress
 from .phases import RankPhase
 from .stalls import StallWatch, activity_period, collect_stacks
 
@@ -100,6 +101,7 @@ class Supervisor:
         self._abort_deadline: float | None = None  # the cause was decided: the ranks are waited for until then
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
+        self._dataframe: DataFrameProgress | None = None  # a run on a DataFrame: its rows on their way (in _watch)
 
     def run(self) -> Any:
         return unpickle(self.run_raw())  # (pickle.load reads cloudpickle's data: a large result piece by piece)
@@ -151,6 +153,13 @@ class Supervisor:
             except BaseException as exc:  # e.g. Airflow's execution_timeout (AirflowTaskTimeout), or Ctrl-C
                 said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 self._say_where_ranks_are(f"the driver was interrupted ({said})")
+                if self._dataframe is not None and not self._agents_started():
+                    log.warning(
+                        "%s: the driver was interrupted (%s) before the ranks started; at that moment: %s",
+                        self._runner,
+                        said,
+                        self._dataframe.describe(),
+                    )
                 raise
         finally:
             self._clean_up(channel)
@@ -192,7 +201,12 @@ class Supervisor:
     # the watch: each pass of the loop makes every check, in this order (who ends a rank: docs/internals.md)
 
     def _watch(self, channel: DriverChannel) -> None:
-        self._start_deadline = time.monotonic() + self._start_timeout_s
+        now = time.monotonic()
+        self._start_deadline = now + self._start_timeout_s
+        plan = getattr(self.launcher, "shard_plan", None)  # a run on a DataFrame (SparkLauncher): its rows' plan
+        if plan is not None:
+            spark_tasks = self.launcher.spark_tasks  # type: ignore[attr-defined]
+            self._dataframe = DataFrameProgress(plan.feed.rows, plan.feed.tasks, spark_tasks, self._runner, now)
         while True:
             self._check_cancel()
             self._progress.tick()
@@ -200,6 +214,7 @@ class Supervisor:
             self._check_settle_window()
             now = time.monotonic()
             self._check_launch_events(now)
+            self._check_dataframe(now)
             self._check_start_timeout(now)
             self._check_stall(now)
             self._check_exit_timeout(now)
@@ -211,7 +226,7 @@ class Supervisor:
         if self._cancelled():
             if not self._outcome.ending:
                 self._say_where_ranks_are("the run was cancelled")
-            self._record(Cancelled())
+            self._record(Cancelled(self._dataframe_before_start()))
 
     def _check_events(self, channel: DriverChannel) -> None:
         """The channel's next event (an agent's hello, its rank returned, its report, its connection's end), if one
@@ -235,10 +250,35 @@ class Supervisor:
             if now - self._launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
                 self._record(failure)
 
+    def _check_dataframe(self, now: float) -> None:
+        """A run on a DataFrame: while Spark is at work on its rows (computing them for the barrier job, streaming
+        them into the shards), the ranks' start clock waits; its progress goes to the log."""
+        if self._dataframe is None or self._outcome.phase is not Phase.STARTING:
+            return
+        if self._dataframe.preparing(now):
+            self._start_deadline = max(self._start_deadline, now + self._start_timeout_s)
+        self._dataframe.tick(now)
+
+    def _dataframe_before_start(self) -> str | None:
+        """How far a DataFrame's rows got, while the ranks have not started (None otherwise)."""
+        if self._dataframe is None or self._agents_started():
+            return None
+        self._dataframe.preparing(time.monotonic(), fresh=True)  # (what Spark says now)
+        return self._dataframe.describe()
+
     def _check_start_timeout(self, now: float) -> None:
-        """Not every agent said hello within the ranks' start timeout: the run ends."""
+        """Not every agent said hello within the ranks' start timeout (not counting the time Spark worked on a
+        DataFrame's rows): the run ends."""
         if self._outcome.phase is Phase.STARTING and now > self._start_deadline:
-            self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+            self._record(
+                StartTimedOut(
+                    len(self._agents),
+                    self.size,
+                    self._start_timeout_s,
+                    self.launcher.describe(),
+                    self._dataframe_before_start(),
+                )
+            )
 
     def _check_stall(self, now: float) -> None:
         """No running rank was active for ``stall_timeout``: once their stacks are in (or late), the run ends."""
@@ -320,6 +360,10 @@ class Supervisor:
 
     def _on_event(self, event: ChannelEvent) -> None:
         conn, message = event.conn, event.message
+        if isinstance(message, ShardProgress):  # (from a barrier task's own connection, not an agent's)
+            if self._dataframe is not None:
+                self._dataframe.take(message, time.monotonic())
+            return
         if isinstance(message, Hello):
             self._on_hello(conn, message)
             return

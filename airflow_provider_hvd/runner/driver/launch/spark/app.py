@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ...events import Task
+    from ...events import Task, TaskCounts
     from ..address import DriverAddress
 
 BarrierTask = Callable[[Iterator[Any]], Iterator[str]]  # a partition's agents; yields how each ended (JSON)
@@ -65,6 +65,10 @@ class SparkApp(Protocol):
         ``inputs``: a DataFrame of ``tasks`` partitions whose partition each task reads (its Arrow batches are
         ``task``'s input), instead of ``range(tasks)``, whose rows the tasks do not read.
         """
+
+    def task_counts(self, tag: str) -> TaskCounts | None:
+        """The tasks of ``tag``'s Spark jobs (every stage) running now and done, as Spark last said; None where
+        it says nothing (for a run on a DataFrame: its rows are computed in them before the barrier tasks run)."""
 
     def cancel(self, tag: str) -> None: ...
     def name_of(self, tag: str) -> str:

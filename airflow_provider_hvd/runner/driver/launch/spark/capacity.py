@@ -371,7 +371,7 @@ def check_connect_slots(
     (a local master's cores, a standalone master's ``/json/``), and wait up to ``timeout`` seconds for ``size``
     free slots, counted by the server's Spark UI (its REST API). Without that UI the free slots cannot be
     counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
-    run's ``start_timeout_s``, which is said. ``host_slots``: a submitted run's host's, counted beside them
+    run's ``start_timeout``, which is said. ``host_slots``: a submitted run's host's, counted beside them
     (HostSlotError where only they do not fit)."""
     refuse_dynamic_allocation(conf, size)
     count = ConnectSlots(master, conf, where, stopped, naming)
@@ -389,7 +389,7 @@ def check_connect_slots(
     log.info(
         "%s: %s: the free task slots cannot be counted (%s); the barrier job's %d tasks start once Spark has %d "
         "free at once%s: until then they wait in Spark's scheduler, up to the ranks' start timeout "
-        "(start_timeout_s), not slot_wait_timeout",
+        "(start_timeout), not slot_wait_timeout",
         naming.runner,
         where,
         no_ui,
