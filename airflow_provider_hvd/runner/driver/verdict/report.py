@@ -135,8 +135,10 @@ def run_error(
     cause, others = outcome.verdict()
     if cause is None:
         return None
+    before_start = not outcome.started_before_cause
     if isinstance(cause, Cancelled):
-        return RunCancelledError(f"{naming.runner}: the run was cancelled; every rank was ended")
+        when = " before its ranks started" if before_start else "; every rank was ended"
+        return RunCancelledError(f"{naming.runner}: the run was cancelled{when}")
     if isinstance(cause, Stalled):
         return stall_error(cause, naming.runner)
     if isinstance(cause, StartTimedOut):
@@ -144,7 +146,6 @@ def run_error(
             f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
             "the cluster may be short of task slots or the executors cannot reach this driver"
         )
-    before_start = not outcome.started_before_cause
     if isinstance(cause, LaunchFailed):
         error = LaunchError if before_start else HorovodRunnerError
         exc = error(f"{cause.what} failed: {cause.reason}")

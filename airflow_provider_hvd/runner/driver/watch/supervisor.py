@@ -461,11 +461,18 @@ class Supervisor:
         hellos = [conn.hello for conn in self._agents if conn.hello is not None]
         plan = self._kind.plan(hellos, [conn.peer_host for conn in self._agents])
         gpus = gpus_by_node(plan, [hello.resources.get(GPU, []) for hello in hellos])
-        for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
+        starts = []
+        for slot, seen in zip(plan, gpus, strict=False):
             env = {**self._kind.env(slot), **self._progress.rank_env()}
             if self._tracking is not None:
                 env.update(self._tracking.rank_env(slot.rank))
-            start = Start(slot.rank, self._kind.name, env, slot.local_size, seen)
+            starts.append(Start(slot.rank, self._kind.name, env, slot.local_size, seen))
+        # the cancel flag's last read before any rank starts: a cancel() that came after the watch's own read, as
+        # the last agent said hello, ends the waiting agents here, and no rank runs main
+        if self._cancelled():
+            self._record(Cancelled())
+            return
+        for conn, start in zip(self._agents, starts, strict=False):
             if not conn.phase.over:  # (one lost while it waited is sent its Start all the same: it fails at once)
                 conn.enter(RankPhase.STARTED)
             try:
