@@ -13,7 +13,7 @@ from ...shared.gpus import GPU
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
 from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
-from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
+from ...shared.timing import ABORT_WAIT_S, LAUNCH_END_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
 from ...shared.wire import Body, new_secret
 from ..events import (
@@ -22,6 +22,7 @@ from ..events import (
     Cancelled,
     Event,
     HostLost,
+    Intruded,
     LaunchEvent,
     LaunchFailed,
     RankFailed,
@@ -98,6 +99,7 @@ class Supervisor:
         self._start_deadline = 0.0  # (time.monotonic()) every agent says hello by then
         self._exit_deadline: float | None = None  # every rank returned: their exit work is waited for until then
         self._abort_deadline: float | None = None  # the cause was decided: the ranks are waited for until then
+        self._launch_end_deadline: float | None = None  # the run succeeded: the launch's end is waited for until then
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
 
@@ -260,13 +262,28 @@ class Supervisor:
 
     def _check_abort_deadline(self, now: float) -> bool:
         """Whether the watch is over: every rank has ended, or ``ABORT_WAIT_S`` passed since the cause (or since
-        the exit timeout ended the slow exits): those still running are ended by the channel's close."""
+        the exit timeout ended the slow exits): those still running are ended by the channel's close. A run that
+        succeeded waits for its launch's end too (:meth:`_launch_ended`)."""
         if not self._outcome.ending:
             return False
         exits_over = self._exit_deadline is not None and now > self._exit_deadline
         if self._outcome.cause is not None or exits_over:
             self._abort_deadline = self._abort_deadline or now + ABORT_WAIT_S
-        return not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
+        ranks_over = not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
+        return ranks_over and self._launch_ended(now)
+
+    def _launch_ended(self, now: float) -> bool:
+        """Whether the launch has ended (a Spark job: every one of its tasks, whose agents the driver has all
+        heard then), for ``LAUNCH_END_WAIT_S`` at most once the ranks are over; always, for a run that failed.
+
+        Until then a run that succeeded still hears hellos: a barrier stage starts its tasks together, but on a
+        loaded host one task's agent may come after the others' ranks returned, and find its place taken by an
+        intruder (:meth:`_not_of_this_job`): the run fails then, before rank 0's result is read.
+        """
+        if self._outcome.cause is not None:
+            return True
+        self._launch_end_deadline = self._launch_end_deadline or now + LAUNCH_END_WAIT_S
+        return self.launcher.ended() or now > self._launch_end_deadline
 
     def _take_launch_events(self, events: list[LaunchEvent]) -> None:
         for event in events:
@@ -341,7 +358,7 @@ class Supervisor:
         intruded = self._not_of_this_job(conn, hello)
         if intruded is not None:  # before anything of that agent's is read, its rank 0 result above all
             conn.abort("another agent has this Spark task's place in the run")
-            self._record(LaunchFailed(self.launcher.describe(), intruded))
+            self._record(Intruded(self.launcher.describe(), intruded))
             return
         if self._agents_started() or self._outcome.ending:
             conn.abort("this run has already started or ended; a re-run task cannot join it")
@@ -409,7 +426,7 @@ class Supervisor:
         attempts = [seen.attempt or 0 for _, seen in spark]
         left_out = (
             self._agents_started()
-            and not self._outcome.ending
+            and self._outcome.cause is None  # (until rank 0's result is read: also once every rank returned)
             and (hello.attempt or 0) <= max(attempts, default=0)
             and all((seen.partition, seen.process) != (hello.partition, hello.process) for _, seen in spark)
         )

@@ -33,6 +33,7 @@ from ....shared.gpus import GPU
 from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ....shared.shards import FeedSpec
+from ....shared.timing import LAUNCH_END_WAIT_S
 from ...events import LaunchEvent, LaunchFailed, Task, TaskEnded
 from .app import BarrierTask, SparkApp
 from .classic import ClassicApp
@@ -364,6 +365,9 @@ class SparkLauncher:
                 return
             time.sleep(_TASK_FAILURE_POLL_S / 5)
 
+    def ended(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
     def close(self, reason: str | None) -> None:
         """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete (``reason``
         says why: None when it did). Spark's copies of the job are dropped then; a job still running after
@@ -374,7 +378,7 @@ class SparkLauncher:
             return
         cancel = reason is not None
         if not cancel:
-            self._thread.join(timeout=30)  # the tasks are returning
+            self._thread.join(timeout=LAUNCH_END_WAIT_S)  # the tasks are returning (the driver waited already)
         started = time.monotonic()
         job_ended_at: float | None = None
         running = True  # (an error below, the application gone: nothing is destroyed under what may still run)
