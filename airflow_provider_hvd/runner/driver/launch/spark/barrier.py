@@ -285,6 +285,8 @@ class SparkLauncher:
             self.app.run_barrier(self.tasks, task, self.group, description, inputs)
         except BaseException as exc:  # noqa: BLE001 - surfaced through poll()
             self._failure = exc
+            return
+        self.app.unship()  # every task has ended: the job is dropped everywhere before the run ends (ended())
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
         """Wait (bounded) until the application has the job's task slots, refusing a job that can never fit; then
