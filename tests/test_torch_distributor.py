@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch_jobs
+from pysparks import pysparks_result
 from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import RankFailedError, RunStalledError, TorchDistributor
@@ -74,7 +75,7 @@ def test_a_stalled_torch_run_says_where_each_rank_was():
     assert "all_reduce" in caught.value.stacks[0], caught.value.stacks[0]
 
 
-def test_ddp_on_spark_gives_pysparks_weights(spark_local):
+def test_ddp_on_spark_gives_pysparks_weights(spark_local, capfd):
     """The same seeded DDP function on local[2]: this class and PySpark's own TorchDistributor end with the same
     weights, bit for bit."""
     from pyspark import cloudpickle as pyspark_cloudpickle
@@ -84,7 +85,8 @@ def test_ddp_on_spark_gives_pysparks_weights(spark_local):
     check_torchrun_contract(ours["views"], nodes=2)  # one process per task, each task a node
     pyspark_cloudpickle.register_pickle_by_value(torch_jobs)  # its ranks do not have the tests' modules
     try:
-        theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
+        pysparks = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        theirs = pysparks_result(lambda: pysparks.run(torch_jobs.train_ddp, 20), capfd)
     finally:
         pyspark_cloudpickle.unregister_pickle_by_value(torch_jobs)
     assert len(ours["weights"]) == len(theirs["weights"]) == 4
