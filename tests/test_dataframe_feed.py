@@ -34,6 +34,7 @@ from dataframe_jobs import (
     shard_file_then,
     shards_of,
 )
+from pysparks import pysparks_result
 
 from airflow_provider_hvd import dataframe_shard
 from airflow_provider_hvd.runner import reaper
@@ -851,7 +852,7 @@ def pyspark_rows(spark):
     )
 
 
-def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local):
+def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local, capfd):
     """PySpark's code, with its import changed: _train_on_dataframe and get_spark_partition_data_loader give
     every rank the batches PySpark's own TorchDistributor._train_on_dataframe gives it, on the same DataFrame
     (fewer samples than rows, and more: both cycle over the shard)."""
@@ -864,8 +865,11 @@ def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local):
         ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
             loader_rows, df, True, 25, 8
         )
-        theirs = PySparks(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
-            loader_rows, df, False, 25, 8
+        theirs = pysparks_result(
+            lambda: PySparks(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
+                loader_rows, df, False, 25, 8
+            ),
+            capfd,
         )
     assert ours == theirs
     assert [batch[0] for batch in ours[1][:2]] == [list(range(20, 28)), list(range(28, 36))]

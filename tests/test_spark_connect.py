@@ -419,6 +419,54 @@ def test_an_agent_that_read_the_plan_and_joined_first_fails_the_run_before_its_r
     assert barrier_job_runs(connect_spark)
 
 
+def test_a_tasks_own_agent_that_finds_its_place_taken_after_every_rank_returned_fails_the_run(tmp_path):
+    """Before: on a loaded host the job's own agent of task 0 came after the ranks of the intruder that had its
+    place, and of task 1, had returned (the run above: DID NOT RAISE); the run had ended, and the intruder's
+    result was unpickled. The order is forced here: that agent says hello once the run is ending."""
+    import threading
+
+    from airflow_provider_hvd.runner.agent.agent import run_agent
+    from airflow_provider_hvd.runner.driver.launch.local import LocalLauncher
+    from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
+    from airflow_provider_hvd.runner.shared.messages import Hello
+    from airflow_provider_hvd.runner.shared.payload import dumps_job
+
+    marker = tmp_path / "unpickled-on-the-driver"
+    evil = dumps_job(plant, (), {"path": str(marker)})
+
+    class TaskZeroComesLate(LocalLauncher):
+        """Agents as a barrier job's tasks say hello: an intruder in task 0's place, task 1's own agent, and
+        task 0's own agent once the run is ending."""
+
+        supervisor: Supervisor
+
+        def start(self, args, payload):
+            def agent(job: bytes, partition: int, executor: str, late: bool = False) -> None:
+                deadline = time.monotonic() + 60
+                while late and self.supervisor.status()[0] != "ending" and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                hello = Hello(host="", pid=os.getpid(), executor=executor, partition=partition, attempt=0, cpus=1)
+                try:
+                    run_agent(args, lambda: job, hello)
+                except OSError:
+                    pass  # (before: the driver had gone)
+
+            agents = [(evil, 0, "203.0.113.9:40000"), (payload, 1, "127.0.0.1:40001"), (payload, 0, "127.0.0.1:40000")]
+            self._threads = [
+                threading.Thread(target=agent, args=(*what, i == 2), name=f"agent-{i}") for i, what in enumerate(agents)
+            ]
+            for thread in self._threads:
+                thread.start()
+
+    launcher = TaskZeroComesLate(2, use_gpus=False)
+    launcher.supervisor = Supervisor(launcher, dumps_job(returns_ok, (), {}), "all", lambda: False, 60)
+    with pytest.raises(Exception, match="Someone outside this run knows its secret") as caught:
+        launcher.supervisor.run()
+    assert "two agents said they run Spark task 0 (attempt 0), from" in str(caught.value), caught.value
+    assert not marker.exists()
+    assert launcher.ended()
+
+
 def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_once(
     connect_spark, runner_log, monkeypatch
 ):

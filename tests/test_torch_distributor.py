@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch_jobs
+from pysparks import pysparks_result
 from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import RankFailedError, RunStalledError, TorchDistributor
@@ -112,7 +113,7 @@ def test_a_stalled_torch_run_says_where_each_rank_was():
     assert "all_reduce" in caught.value.stacks[0], caught.value.stacks[0]
 
 
-def test_ddp_on_spark_gives_pysparks_weights(spark_local):
+def test_ddp_on_spark_gives_pysparks_weights(spark_local, capfd):
     """The same seeded DDP function on local[2]: this class and PySpark's own TorchDistributor end with the same
     weights, bit for bit; each process's environment differs from PySpark's in the documented keys only."""
     from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
@@ -120,7 +121,8 @@ def test_ddp_on_spark_gives_pysparks_weights(spark_local):
     ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
     check_torchrun_contract(ours["views"], nodes=2)  # one process per task, each task a node
     with torch_jobs_by_value():
-        theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
+        pysparks = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        theirs = pysparks_result(lambda: pysparks.run(torch_jobs.train_ddp, 20), capfd)
     assert len(ours["weights"]) == len(theirs["weights"]) == 4
     for mine, pysparks in zip(ours["weights"], theirs["weights"], strict=True):
         assert torch.equal(mine, pysparks)

@@ -10,6 +10,7 @@ or goes away. Its own failures are reported to the driver too.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -99,9 +100,7 @@ class AgentThreadFailed(RuntimeError):
 class _RankProcess:
     """The rank process (under its reaper), its output relay and its control pipe."""
 
-    def __init__(
-        self, rank: int, env: dict[str, str], job: bytes, args: AgentArgs, outbox: Outbox, reports: ReportSender
-    ) -> None:
+    def __init__(self, rank: int, env: dict[str, str], args: AgentArgs, outbox: Outbox, reports: ReportSender) -> None:
         self.rank = rank
         self._args = args
         self._outbox = outbox
@@ -171,12 +170,15 @@ class _RankProcess:
         )
         self._output_reader.start()
         self._control_reader.start()
-        try:
-            assert self.proc.stdin is not None
+
+    def feed(self, job: bytes) -> None:
+        """Hand the rank its pickled job (on its stdin, which it reads to the end before it runs anything); a
+        rank ended meanwhile (the driver's Abort, on the watcher's thread) never gets it whole."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it died, or was ended: its exit code tells
             self.proc.stdin.write(job)
+        with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once; its exit code tells
 
     def guarded(self, body: Callable[[int], None], fd: int) -> None:
         """``body(fd)`` as an agent thread: an unexpected error in it ends the rank (:meth:`fail`)."""
@@ -366,12 +368,15 @@ def _run_rank(
     rank_process: _RankProcess | None = None
     activity: ActivityReporter | None = None
     try:
-        rank_process = _RankProcess(start.rank, env, read_job(), args, outbox, reports)  # the job is not kept
+        rank_process = _RankProcess(start.rank, env, args, outbox, reports)
         reports.on_failure = rank_process.fail
         watcher = threading.Thread(
             target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True
         )
+        # the driver is heard while the job is read and fed (a large one takes seconds): its Abort ends the rank
+        # before its main starts, and its DumpStacks is answered at once
         watcher.start()
+        rank_process.feed(read_job())  # the job is not kept
         if args.activity_every_s:
             activity = ActivityReporter(stream, args.activity_every_s, lambda: rank_process.last_active)
         rank_process.reported.wait()

@@ -27,6 +27,12 @@ class LaunchFailed:
 
 
 @dataclass(frozen=True)
+class Intruded(LaunchFailed):
+    """An agent not of the job proved the run's secret (two agents for one Spark task, or one that found its
+    task's place taken): the run fails, also once every rank returned, and rank 0's result is not read."""
+
+
+@dataclass(frozen=True)
 class TaskEnded:
     """Spark ended a task of the barrier job (it failed, or was killed from outside the run), for this reason: what
     a lost agent's error says of its task."""

@@ -70,6 +70,11 @@ LAUNCH_FAILURE_SETTLE_S = 1.0
 # (TERMINATE_GRACE_S, then SIGKILL), what the ranks left running (LEFTOVER_GRACE_S), and some margin.
 ABORT_WAIT_S = 15.0
 
+# Once every rank of a run has succeeded, its launch's end is waited for this long (a Spark barrier job's tasks
+# end moments after their agents' reports), still hearing hellos: a task's own agent that comes late, after an
+# intruder took its place, fails the run before rank 0's result is read (docs/security.md). Then the run goes on.
+LAUNCH_END_WAIT_S = 30.0
+
 # A rank that reported its error but does not exit (a thread main left running) is ended after this. A rank
 # whose main returned is waited for instead: its exit work gets exit_timeout, once every rank returned.
 EXIT_AFTER_REPORT_S = 10.0
@@ -152,6 +157,7 @@ __all__ = [
     "HOST_FAILURE_SHOWN_S",
     "HOST_START_TIMEOUT_S",
     "HOST_UNREACHABLE_WAIT_S",
+    "LAUNCH_END_WAIT_S",
     "LAUNCH_FAILURE_SETTLE_S",
     "MIN_BEATS_PER_TIMEOUT",
     "REPORT_DELIVERY_S",

@@ -42,6 +42,9 @@ class Launcher(Protocol):
         """What came of the launch since the last poll; called every loop of the supervisor, and once after
         :meth:`close`. Never waits."""
 
+    def ended(self) -> bool:
+        """Whether every agent the launch started has ended (a Spark job: it has ended). Never waits."""
+
     def close(self, reason: str | None) -> None:
         """End the launch: wait for the agents (None: every rank returned), or end them first, because of
         ``reason``. Bounded; what it cannot end is said in a warning."""

@@ -171,12 +171,14 @@ def run_error(
 def _error(
     outcome: RunOutcome, cause: Event, others: list[Event], spark_reason: SparkReason, kind: str, naming: RunnerNaming
 ) -> HorovodRunnerError:
+    before_start = not outcome.started_before_cause
     if isinstance(cause, Cancelled):
         if cause.dataframe is not None:
             return RunCancelledError(
                 f"{naming.runner}: the run was cancelled before its ranks started (at that moment: {cause.dataframe})"
             )
-        return RunCancelledError(f"{naming.runner}: the run was cancelled; every rank was ended")
+        when = " before its ranks started" if before_start else "; every rank was ended"
+        return RunCancelledError(f"{naming.runner}: the run was cancelled{when}")
     if isinstance(cause, Stalled):
         return stall_error(cause, naming.runner)
     if isinstance(cause, StartTimedOut):
@@ -190,7 +192,6 @@ def _error(
             f"{dataframe}; the cluster may be short of task slots or the executors cannot reach this driver "
             "(start_timeout)"
         )
-    before_start = not outcome.started_before_cause
     if isinstance(cause, LaunchFailed):
         error = LaunchError if before_start else HorovodRunnerError
         exc = error(f"{cause.what} failed: {cause.reason}")

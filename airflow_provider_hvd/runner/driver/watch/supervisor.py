@@ -13,7 +13,7 @@ from ...shared.gpus import GPU
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
 from ...shared.messages import Done, Hello, Message, Returned, ShardProgress, Start, unpickle
-from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
+from ...shared.timing import ABORT_WAIT_S, LAUNCH_END_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
 from ...shared.wire import Body, new_secret
 from ..events import (
@@ -22,6 +22,7 @@ from ..events import (
     Cancelled,
     Event,
     HostLost,
+    Intruded,
     LaunchEvent,
     LaunchFailed,
     RankFailed,
@@ -99,6 +100,7 @@ class Supervisor:
         self._start_deadline = 0.0  # (time.monotonic()) every agent says hello by then
         self._exit_deadline: float | None = None  # every rank returned: their exit work is waited for until then
         self._abort_deadline: float | None = None  # the cause was decided: the ranks are waited for until then
+        self._launch_end_deadline: float | None = None  # the run succeeded: the launch's end is waited for until then
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
         self._dataframe: DataFrameProgress | None = None  # a run on a DataFrame: its rows on their way (in _watch)
@@ -303,13 +305,28 @@ class Supervisor:
 
     def _check_abort_deadline(self, now: float) -> bool:
         """Whether the watch is over: every rank has ended, or ``ABORT_WAIT_S`` passed since the cause (or since
-        the exit timeout ended the slow exits): those still running are ended by the channel's close."""
+        the exit timeout ended the slow exits): those still running are ended by the channel's close. A run that
+        succeeded waits for its launch's end too (:meth:`_launch_ended`)."""
         if not self._outcome.ending:
             return False
         exits_over = self._exit_deadline is not None and now > self._exit_deadline
         if self._outcome.cause is not None or exits_over:
             self._abort_deadline = self._abort_deadline or now + ABORT_WAIT_S
-        return not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
+        ranks_over = not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
+        return ranks_over and self._launch_ended(now)
+
+    def _launch_ended(self, now: float) -> bool:
+        """Whether the launch has ended (a Spark job: every one of its tasks, whose agents the driver has all
+        heard then), for ``LAUNCH_END_WAIT_S`` at most once the ranks are over; always, for a run that failed.
+
+        Until then a run that succeeded still hears hellos: a barrier stage starts its tasks together, but on a
+        loaded host one task's agent may come after the others' ranks returned, and find its place taken by an
+        intruder (:meth:`_not_of_this_job`): the run fails then, before rank 0's result is read.
+        """
+        if self._outcome.cause is not None:
+            return True
+        self._launch_end_deadline = self._launch_end_deadline or now + LAUNCH_END_WAIT_S
+        return self.launcher.ended() or now > self._launch_end_deadline
 
     def _take_launch_events(self, events: list[LaunchEvent]) -> None:
         for event in events:
@@ -388,7 +405,7 @@ class Supervisor:
         intruded = self._not_of_this_job(conn, hello)
         if intruded is not None:  # before anything of that agent's is read, its rank 0 result above all
             conn.abort("another agent has this Spark task's place in the run")
-            self._record(LaunchFailed(self.launcher.describe(), intruded))
+            self._record(Intruded(self.launcher.describe(), intruded))
             return
         if self._agents_started() or self._outcome.ending:
             conn.abort("this run has already started or ended; a re-run task cannot join it")
@@ -456,7 +473,7 @@ class Supervisor:
         attempts = [seen.attempt or 0 for _, seen in spark]
         left_out = (
             self._agents_started()
-            and not self._outcome.ending
+            and self._outcome.cause is None  # (until rank 0's result is read: also once every rank returned)
             and (hello.attempt or 0) <= max(attempts, default=0)
             and all((seen.partition, seen.process) != (hello.partition, hello.process) for _, seen in spark)
         )
@@ -508,11 +525,18 @@ class Supervisor:
         hellos = [conn.hello for conn in self._agents if conn.hello is not None]
         plan = self._kind.plan(hellos, [conn.peer_host for conn in self._agents])
         gpus = gpus_by_node(plan, [hello.resources.get(GPU, []) for hello in hellos])
-        for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
+        starts = []
+        for slot, seen in zip(plan, gpus, strict=False):
             env = {**self._kind.env(slot), **self._progress.rank_env()}
             if self._tracking is not None:
                 env.update(self._tracking.rank_env(slot.rank))
-            start = Start(slot.rank, self._kind.name, env, slot.local_size, seen)
+            starts.append(Start(slot.rank, self._kind.name, env, slot.local_size, seen))
+        # the cancel flag's last read before any rank starts: a cancel() that came after the watch's own read, as
+        # the last agent said hello, ends the waiting agents here, and no rank runs main
+        if self._cancelled():
+            self._record(Cancelled())
+            return
+        for conn, start in zip(self._agents, starts, strict=False):
             if not conn.phase.over:  # (one lost while it waited is sent its Start all the same: it fails at once)
                 conn.enter(RankPhase.STARTED)
             try:

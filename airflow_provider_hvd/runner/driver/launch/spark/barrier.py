@@ -33,7 +33,7 @@ from ....shared.gpus import GPU
 from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ....shared.shards import FeedSpec
-from ....shared.timing import FEED_LOG_S
+from ....shared.timing import FEED_LOG_S, LAUNCH_END_WAIT_S
 from ...events import LaunchEvent, LaunchFailed, Task, TaskCounts, TaskEnded
 from .app import BarrierTask, SparkApp
 from .classic import ClassicApp
@@ -317,6 +317,8 @@ class SparkLauncher:
             self.app.run_barrier(self.tasks, task, self.group, description, inputs)
         except BaseException as exc:  # noqa: BLE001 - surfaced through poll()
             self._failure = exc
+            return
+        self.app.unship()  # every task has ended: the job is dropped everywhere before the run ends (ended())
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
         """Wait (bounded) until the application has the job's task slots, refusing a job that can never fit; then
@@ -397,6 +399,9 @@ class SparkLauncher:
                 return
             time.sleep(_TASK_FAILURE_POLL_S / 5)
 
+    def ended(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
     def close(self, reason: str | None) -> None:
         """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete (``reason``
         says why: None when it did). Spark's copies of the job are dropped then; a job still running after
@@ -407,7 +412,7 @@ class SparkLauncher:
             return
         cancel = reason is not None
         if not cancel:
-            self._thread.join(timeout=30)  # the tasks are returning
+            self._thread.join(timeout=LAUNCH_END_WAIT_S)  # the tasks are returning (the driver waited already)
         started = time.monotonic()
         job_ended_at: float | None = None
         running = True  # (an error below, the application gone: nothing is destroyed under what may still run)

@@ -112,15 +112,18 @@ class ClassicApp:
         )
 
     def unship(self, tasks_running: bool = False) -> None:
-        if self._payload is not None:
+        payload, self._payload = self._payload, None
+        if payload is not None:
             try:
                 if tasks_running:  # a task reads the driver's copy: only the executors' cached copies go
-                    self._payload.unpersist(blocking=False)
+                    payload.unpersist(blocking=False)
                 else:
-                    self._payload.destroy()  # the driver's and the executors' copies
+                    # the driver's and the executors' copies, each executor's answer awaited: one still on its way
+                    # when the application stops (an Airflow task's stops right after its run) is an error in
+                    # Spark's log ("Still have 1 requests outstanding when connection ... is closed")
+                    payload.destroy(blocking=True)
             except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
                 pass
-            self._payload = None
 
     def stopped(self) -> str | None:
         try:
