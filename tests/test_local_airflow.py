@@ -11,15 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 from airflow_deployment import AirflowDeployment, log_text
 from browser import Browser, chromium_path
+from commands import Output, family, still_running
 from spark_cluster import free_port
 
 pytestmark = pytest.mark.timeout(1200)
@@ -58,22 +57,11 @@ def test_make_airflow_shows_a_dags_training_tab_and_stops_on_ctrl_c(tmp_path):
         text=True,
         env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home")},
     )
-    output: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            output.append(line)
-            if READY.search(line):
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    output = Output(proc)
     started = time.monotonic()
     try:
-        assert ready.wait(600), "".join(output)
+        url, user, password = output.wait_for(READY, 600).groups()
         ready_s = time.monotonic() - started
-        url, user, password = READY.search("".join(output)).groups()  # type: ignore[union-attr]
         assert url == f"http://127.0.0.1:{port}"
         airflow = LocalAirflow(url, user, password)
         # triggered as the page says, with the password it printed
@@ -86,12 +74,7 @@ def test_make_airflow_shows_a_dags_training_tab_and_stops_on_ctrl_c(tmp_path):
         assert [step for step, _ in series["loss"]] == [1, 2, 3]
         browser = Browser()
         try:
-            browser.open(f"{url}/")
-            browser.wait_for("!!document.querySelector('input[type=password]')", what="the login form")
-            browser.type_into("input:not([type=password])", user)
-            browser.type_into("input[type=password]", password)
-            browser.evaluate("document.querySelector('button[type=submit]').click()")
-            browser.wait_for("!location.pathname.startsWith('/auth')", what="logged in")
+            browser.log_in(url, user, password)
             browser.open(f"{url}/dags/{DAG}/runs/{run_id}/tasks/train/plugin/training")
             frame = "document.querySelector('iframe[title=Training]')?.contentDocument"
             curves = f"{frame}?.querySelectorAll('svg path.curve')"
@@ -100,16 +83,15 @@ def test_make_airflow_shows_a_dags_training_tab_and_stops_on_ctrl_c(tmp_path):
         finally:
             browser.close()
         assert points and all(count == 3 for count in points), points  # one point per epoch
-        processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        processes = family(proc.pid)
     finally:
         stop_started = time.monotonic()
         proc.send_signal(signal.SIGINT)  # Ctrl-C in its terminal
         code = proc.wait(180)
         stop_s = time.monotonic() - stop_started
-        reader.join(10)
-    assert code == 0 and "stopped" in output[-1], "".join(output)
-    left = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in processes if p.is_running() and p.status() != "zombie"]
-    assert not left, f"still running after Ctrl-C: {left}"
+        output.close()
+    assert code == 0 and output.lines[-1].strip() == "stopped", output.text
+    assert not still_running(processes), f"still running after Ctrl-C: {still_running(processes)}"
     with pytest.raises(OSError):  # nothing listens on its port
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     print(f"ready after {ready_s:.0f}s, stopped in {stop_s:.0f}s")
