@@ -109,8 +109,7 @@ class LocalConnectServer:
         """Start the server in a session of its own and wait until it answers; SystemExit saying why if not."""
         if (pid := self.running_pid()) is not None:
             raise SystemExit(
-                f"a Connect server from {self.folder} is already running (pid {pid}): "
-                f"`python -m {__spec__.name} stop{self._dir_option()}` first"
+                f"a Connect server from {self.folder} is already running (pid {pid}): `{self.stop_command()}` first"
             )
         if self.answers():
             raise SystemExit(f"{self.host}:{self.port} is in use by another process: choose another with --port")
@@ -160,8 +159,9 @@ class LocalConnectServer:
         except OSError:
             return "(no log)"
 
-    def _dir_option(self) -> str:
-        return "" if self.folder == default_folder() else f" --dir {self.folder}"
+    def stop_command(self) -> str:
+        where = "" if self.folder == default_folder() else f" --dir {self.folder}"
+        return f"{sys.executable} -m {__spec__.name}{where} stop"
 
 
 def _conf(text: str) -> tuple[str, str]:
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         proc = server.start(dict(args.conf), args.timeout)
     except KeyboardInterrupt:
         return 130
-    how = f"stop it with: python -m {__spec__.name} stop{server._dir_option()}" if args.daemon else "Ctrl-C stops it"
+    how = f"stop it with: {server.stop_command()}" if args.daemon else "Ctrl-C stops it"
     print(
         f"Spark Connect server at {server.url} on local[{server.slots}] (runs of up to np={args.np}: each run's "
         "host takes a slot)\n"
@@ -239,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the stop short
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not cut the stop short
+            signal.signal(signum, signal.SIG_IGN)
         server.stop(proc.pid)
         proc.wait()
         print("stopped the Connect server", flush=True)

@@ -10,11 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import psutil
 import pytest
+from commands import Output, family, still_running
 from spark_cluster import free_port
 
 COMMAND = [sys.executable, "-m", "airflow_provider_hvd.connect_server"]
@@ -28,15 +28,8 @@ def try_it_python() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
 
 
-def family(pid: int) -> list[psutil.Process]:
-    """The process and every process it started (Spark's Python workers have process groups of their own)."""
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
 def assert_nothing_left(processes: list[psutil.Process], folder: Path, port: int) -> None:
-    left = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in processes if p.is_running() and p.status() != "zombie"]
-    assert not left, f"still running after the stop: {left}"
+    assert not still_running(processes), f"still running after the stop: {still_running(processes)}"
     assert not (folder / "connect-server.pid").exists()
     with pytest.raises(OSError):  # nothing listens on its port
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
@@ -46,12 +39,15 @@ def test_a_daemon_server_runs_the_pages_submitted_run_and_stop_leaves_nothing(tm
     folder, port = tmp_path / "connect-server", free_port()
     start = [*COMMAND, "--dir", str(folder), "start", "--daemon", "--np", "2", "--port", str(port)]
     started = subprocess.run(start, capture_output=True, text=True, timeout=360)
-    assert started.returncode == 0, started.stderr
-    url, slots = READY.search(started.stdout).groups()  # type: ignore[union-attr]
-    assert (url, slots) == (f"sc://127.0.0.1:{port}", "3")
-    assert f"{COMMAND[2]} stop --dir {folder}" in started.stdout  # how to stop it
-    pid = int((folder / "connect-server.pid").read_text())
+    stop = [*COMMAND, "--dir", str(folder), "stop"]  # unless it says otherwise (below)
     try:
+        assert started.returncode == 0, started.stderr
+        url, slots = READY.search(started.stdout).groups()  # type: ignore[union-attr]
+        assert (url, slots) == (f"sc://127.0.0.1:{port}", "3")
+        said = re.search(r"stop it with: (.*)", started.stdout)
+        assert said, started.stdout
+        stop = said.group(1).split()
+        pid = int((folder / "connect-server.pid").read_text())
         again = subprocess.run(start, capture_output=True, text=True, timeout=60)
         assert again.returncode != 0 and f"already running (pid {pid})" in again.stderr
         # the page's snippet, on this server: a submitted run of np=2 and its host (every slot)
@@ -63,10 +59,10 @@ def test_a_daemon_server_runs_the_pages_submitted_run_and_stop_leaves_nothing(tm
         assert (folder / "connect-server.log").stat().st_size > 0  # its log is in its folder, not in pyspark's
         processes = family(pid)
     finally:
-        stopped = subprocess.run([*COMMAND, "--dir", str(folder), "stop"], capture_output=True, text=True, timeout=120)
+        stopped = subprocess.run(stop, capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0 and f"stopped the Connect server (pid {pid})" in stopped.stdout, stopped
     assert_nothing_left(processes, folder, port)
-    again = subprocess.run([*COMMAND, "--dir", str(folder), "stop"], capture_output=True, text=True, timeout=60)
+    again = subprocess.run(stop, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "no Connect server" in again.stdout
 
 
@@ -78,25 +74,14 @@ def test_a_foreground_server_stops_on_ctrl_c_and_leaves_nothing(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if READY.search(line):
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    output = Output(proc)
     try:
-        assert ready.wait(360), "".join(lines)
-        assert READY.search("".join(lines)).groups() == (f"sc://127.0.0.1:{port}", "2")  # type: ignore[union-attr]
-        assert "Ctrl-C stops it" in "".join(lines)
+        assert output.wait_for(READY, 360).groups() == (f"sc://127.0.0.1:{port}", "2")
+        assert "Ctrl-C stops it" in output.text
         processes = family(int((folder / "connect-server.pid").read_text()))
     finally:
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in its terminal sends it
         code = proc.wait(120)
-        reader.join(10)
-    assert code == 0 and "stopped the Connect server" in "".join(lines), "".join(lines)
+        output.close()
+    assert code == 0 and "stopped the Connect server" in output.text, output.text
     assert_nothing_left(processes, folder, port)
