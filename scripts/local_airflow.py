@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     home.mkdir(parents=True, exist_ok=True)
     log = home / "standalone.log"
-    print(f"starting Airflow in {home} (its output: {log}); the first start takes a few minutes", flush=True)
+    print(f"starting Airflow in {home} (its output: {log})", flush=True)
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"Airflow is ready at {url}  (login: {USER} / {password(home)})\n"
             f"  the example DAGs of {ROOT / 'dags'}; spark_default is local[*]\n"
-            "  trigger horovod_train_example (its ▶ button), then open its run's train task: the Training tab\n"
+            "  trigger horovod_train_example (its Trigger button), then open its run's train task: the Training tab\n"
             "  Ctrl-C stops it",
             flush=True,
         )
