@@ -220,7 +220,16 @@ init=$(container_of airflow-init)
 init_rc=$("$ENGINE" wait "$init")
 [ "$init_rc" = 0 ] || { "$ENGINE" logs --tail 40 "$init" >&2; fail "airflow-init exited with $init_rc"; }
 say "starting the Airflow components and the Spark workers"
-up airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer "${WORKERS[@]}" spark-connect
+up airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer "${WORKERS[@]}"
+# the Spark Connect server once both workers have registered, as its depends_on says: the master spreads its
+# executors over both then, and each worker keeps a core for the classic jobs (one rank on each)
+deadline=$(( $(now) + 420 ))
+until [ "$(curl -sS "$MASTER_UI/json/" 2>/dev/null | json 'd["aliveworkers"]' 2>/dev/null)" = 2 ]; do
+  [ "$(now)" -lt "$deadline" ] || fail "fewer than 2 Spark workers registered with the master after 420s"
+  sleep 2
+done
+say "2 Spark workers registered; starting spark-connect"
+up spark-connect
 wait_healthy 420 "${SERVICES[@]}"
 healthy_s=$(( $(now) - t0 ))
 say "all ${#SERVICES[@]} services healthy ${healthy_s}s after the start"
