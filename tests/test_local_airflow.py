@@ -38,7 +38,7 @@ def rest_trigger_snippet() -> str:
 class LocalAirflow(AirflowDeployment):
     """The REST API of the Airflow that the script started (this class starts nothing), as its user logs in."""
 
-    def __init__(self, url: str, user: str, password: str) -> None:  # (not the deployment's: it starts nothing)
+    def __init__(self, url: str, user: str, password: str) -> None:
         token = httpx.post(f"{url}/auth/token", json={"username": user, "password": password}, timeout=60)
         assert token.status_code == 201, token.text
         self.url = url
