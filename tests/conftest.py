@@ -61,6 +61,7 @@ WORKER_GROUPS = {
     ],
     **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
     **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},
+    "test_benchmarks": ["test_benchmarks"],  # each benchmark with a peer, once: 2-3 minutes
 }
 _GROUP_OF = {module: group for group, modules in WORKER_GROUPS.items() for module in modules}
 
