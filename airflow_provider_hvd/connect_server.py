@@ -226,17 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     how = f"stop it with: {server.stop_command()}" if args.daemon else "Ctrl-C stops it"
-    print(
-        f"Spark Connect server at {server.url} on local[{server.slots}] (runs of up to np={args.np}: each run's "
-        "host takes a slot)\n"
-        f"  connect: SparkSession.builder.remote({server.url!r}).getOrCreate()  (from pyspark.sql.connect.session)\n"
-        f"  log: {server.log_file}  pid: {proc.pid}\n  {how}",
-        flush=True,
-    )
-    if args.daemon:
-        return 0
-
-    try:
+    try:  # from here on a Ctrl-C stops the server, even one that comes while its address is printed
+        print(
+            f"Spark Connect server at {server.url} on local[{server.slots}] (runs of up to np={args.np}: each "
+            "run's host takes a slot)\n"
+            f"  connect: SparkSession.builder.remote({server.url!r}).getOrCreate()  "
+            "(from pyspark.sql.connect.session)\n"
+            f"  log: {server.log_file}  pid: {proc.pid}\n  {how}",
+            flush=True,
+        )
+        if args.daemon:
+            return 0
         code = proc.wait()
     except KeyboardInterrupt:
         for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not cut the stop short

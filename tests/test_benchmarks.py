@@ -251,7 +251,7 @@ PEERS = {
         {"HorovodRunner(np=2)", "HorovodRunner(np=-2)", "floor (2 processes -> pipes -> file)"},
     ),
     "dataframe_feed": (
-        ["--rows", "2000"],
+        ["--rows", "2000", "--shard-mib", "1"],
         lambda f: {name for name in ("ours", "pyspark", "limit") if f[name]["rows_per_s"] > 0},
         {"ours", "pyspark", "limit"},
     ),
