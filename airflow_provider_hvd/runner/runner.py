@@ -286,11 +286,6 @@ class _Runner:
         from .durable.submit import submit_run
 
         runner = self.naming.runner
-        if self.settings.max_restarts:
-            raise ValueError(
-                f"{runner}(max_restarts={self.settings.max_restarts}).submit(): a submitted run does not restart yet "
-                "(docs/restarts.md); use run(), which restarts, or max_restarts=0 to submit."
-            )
         spark, per_task, use_gpus = self._spark_launch()
         if not is_connect(spark):
             raise LaunchError(
@@ -324,6 +319,8 @@ class _Runner:
                 *self._host_mlflow(),
                 dataframe=dataframe,
                 outcome_timeout=settings.outcome_timeout,
+                max_restarts=settings.max_restarts,
+                restart_on_exceptions=settings.restart_on_exceptions,
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]
