@@ -1,9 +1,10 @@
 """A process that submits, attaches to or cancels a submitted run (tests/test_durable_runs.py starts it):
 
 ``submit URL PID_DIR GATE [DETACHED_TIMEOUT]``: submits ``jobs.train_until_gate`` on 2 ranks and prints
-``JOB_ID <id>``, then waits (the test kills it). ``attach JOB_ID``: attaches, relays the run's lines to stdout
-and prints ``VALUE <json>`` or ``ERROR <type> <first line>``. ``cancel JOB_ID``: attaches without lines and
-cancels, printing ``CANCELLING`` as it sends the cancel and ``CANCELLED`` once it returned.
+``JOB_ID <id>``, then waits (the test kills it). ``attach JOB_ID``: attaches, prints ``ATTACHED <job.status()>``,
+relays the run's lines to stdout and prints ``VALUE <json>`` or ``ERROR <type> <first line>``. ``cancel JOB_ID``:
+attaches without lines and cancels, printing ``CANCELLING`` as it sends the cancel and ``CANCELLED`` once it
+returned.
 
 ``notebook URL PID_DIR GATE``: what a user's notebook does, with no logging set up: submits
 ``jobs.train_until_gate``, waits for its ranks, sleeps a little, prints ``job.status()`` and closes (``CLOSED``).
@@ -58,6 +59,7 @@ def main(argv: list[str]) -> None:
             time.sleep(600)
     elif command == "attach":
         job = attach(argv[1])
+        say("ATTACHED", str(job.status()))
         try:
             say("VALUE", json.dumps(job.wait(300)))
         except Exception as exc:  # noqa: BLE001 - the test reads which

@@ -15,6 +15,7 @@ def train_until_killed(
     kill_after_epoch: int = 0,
     seed: int = 7,
     shard: bool = False,
+    gate: str = "",
 ) -> dict:
     """A small classifier on 2 ranks (``kind``: Horovod's DistributedOptimizer, or torch DDP over gloo), SGD with
     momentum, resumable from ``last_checkpoint()``: rank 0 saves the model and optimizer state after every epoch
@@ -24,7 +25,8 @@ def train_until_killed(
 
     Each rank records its pid as ``from-<epoch resumed from>-rank-<rank>.pid`` (and, with ``shard``, the file its
     DataFrame shard is, as ``/proc`` names it); rank 0 of an attempt that resumed says which ranks of the attempts
-    before it were still alive when it started.
+    before it were still alive when it started. With ``gate``, the ranks of an attempt that resumed wait until
+    that file exists before they train on (5 minutes at most).
     """
     import hashlib
     import signal
@@ -58,6 +60,9 @@ def train_until_killed(
     Path(pid_dir, f"from-{start}-rank-{rank}.pid").write_text(str(os.getpid()))
     earlier = [int(p.read_text()) for p in Path(pid_dir).glob("from-*.pid") if not p.name.startswith(f"from-{start}-")]
     earlier_alive = [pid for pid in earlier if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    deadline = time.monotonic() + 300
+    while gate and checkpoint is not None and not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
     rows = None
     if shard:
         from airflow_provider_hvd import dataframe_shard

@@ -397,18 +397,26 @@ def test_a_deferrable_task_is_deferred_while_it_trains_and_marking_it_failed_end
     assert not ranks_end_within(pids, 10), "ranks outlived the deferred task marked failed"
 
 
-def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, training, mlflow_server):
-    run_id, pids = training(DEFERRED)
+def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value_its_run_restarted_in_its_one_try(
+    airflow, training, mlflow_server
+):
+    """The task defers while its run trains; rank 1, killed (SIGKILL), restarts from the last checkpoint in the
+    run's host (max_restarts=1): the restart is in the task log, the trigger's XComs and then the task state store,
+    on the Training tab's curve, and in the one MLflow run; the task succeeds in its one try with rank 0's value.
+    Before: submit() refused max_restarts, and nothing in Airflow recorded a restart."""
+    run_id, _ = training(DEFERRED)
+    first = {rank: int((training.pid_dir / f"rank-{rank}.pid").read_text()) for rank in (0, 1)}
     wait_for_log(airflow, DEFERRED, run_id, "[rank 0] rank 0 step 1", 1)
     assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
     # the trigger's progress, as the task's XComs (a trigger has no task state store): the Training tab's while
     # the task is deferred
     deadline = time.monotonic() + 60
-    while not (metrics := deferred_metrics(airflow, run_id)):
-        assert time.monotonic() < deadline, "no hvd_metrics XCom from the trigger"
+    while not (metrics := deferred_xcom(airflow, run_id)) or not deferred_xcom(airflow, run_id, "hvd_checkpoint"):
+        assert time.monotonic() < deadline, "no hvd_metrics and hvd_checkpoint XComs from the trigger"
         time.sleep(0.5)
     assert metrics["try_number"] == 1 and metrics["series"]["loss"][0][0] == 0, metrics
-    tab = airflow.api.get(f"{airflow.url}/hvd-training/dags/{DEFERRED}/runs/{quote(run_id, safe='')}/tasks/train")
+    tab_url = f"{airflow.url}/hvd-training/dags/{DEFERRED}/runs/{quote(run_id, safe='')}/tasks/train"
+    tab = airflow.api.get(tab_url)
     assert tab.status_code == 200, tab.text
     assert 'data-state="deferred"' in tab.text and "metrics of rank 0 from try 1" in tab.text, tab.text
     assert 'class="curve"' in tab.text, tab.text  # the Training tab draws it while the task is deferred
@@ -418,25 +426,56 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     recorded = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_mlflow")
     assert recorded.status_code == 200, recorded.text
     assert recorded.json()["value"]["run_id"] == training_run.info.run_id, recorded.text
+    # a rank killed after a checkpoint: the run's host starts attempt 2 from it, still in the deferred try
+    os.kill(first[1], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not (restarts := deferred_xcom(airflow, run_id, "hvd_restarts")) or (
+        restarts["attempts"][-1]["first_step"] is None  # (attempt 2 has reported a step)
+    ):
+        assert time.monotonic() < deadline, log_text(airflow.task_log(DEFERRED, run_id, "train", 1))[-5000:]
+        time.sleep(0.5)
+    assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
+    tab = airflow.api.get(tab_url).text
+    assert '<g class="restart" data-attempt="2">' in tab and 'id="restarts"' in tab, tab  # on the curve
     training.gate.touch()
     state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
     logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))
     assert state == "success", logged
-    assert "[rank 1] rank 1 passed the gate at step" in logged, logged
+    assert airflow.task_instance(DEFERRED, run_id, "train")["try_number"] == 1
     value = airflow.xcom(DEFERRED, run_id, "train")
-    assert value["pid"] == pids[0]
-    assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
-    # resumed, the task wrote the run's last progress to the task state store: every step; and its MLflow run
+    point = value["resumed_from"]
+    resumed = f"{training.pid_dir}/step-{point['step']}.json (step={point['step']})"
+    restart = (
+        "TorchDistributor: restart 1 of 1 after torch.distributed rank 1 of 2 failed: was killed by SIGKILL "
+        f"without a Python exception: resuming from {resumed}"
+    )
+    assert restart in logged and "[rank 1, attempt 2] rank 1 passed the gate at step" in logged, logged[-5000:]
+    second = {rank: int((training.pid_dir / f"rank-{rank}.pid").read_text()) for rank in (0, 1)}
+    assert value["pid"] == second[0]
+    assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(first[r]), str(second[r])] for r in (0, 1)}
+    # resumed, the task wrote the run's last progress to the task state store: every step (each once), its
+    # restart, and its MLflow run
     stored = airflow.state_store(DEFERRED, run_id, "train")
-    metrics = stored["hvd_metrics"]
-    assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
+    steps = [step for step, _ in stored["hvd_metrics"]["series"]["loss"]]
+    assert steps[0] == 0 and steps[-1] == value["steps"] - 1 and steps == sorted(set(steps)), steps
+    kept = stored["hvd_restarts"]
+    assert (kept["try_number"], kept["restarts"], kept["left_out"]) == (1, 1, 0), kept
+    one, two = kept["attempts"]
+    assert (one["attempt"], one["size"], one["cause_kind"], one["first_step"]) == (1, 2, "signal", 0), one
+    assert one["resumed_from"] is None and "was killed by SIGKILL" in one["cause"] and one["ended_at"], one
+    assert (two["attempt"], two["cause"], two["first_step"]) == (2, None, point["step"] + 1), two
+    assert two["resumed_from"]["path"] == point["path"] and two["ended_at"], two
     run = one_mlflow_run(mlflow_server, run_id)
     assert run.info.status == "FINISHED", run.info
     assert stored["hvd_mlflow"] == {"run_id": run.info.run_id, "url": mlflow_url(mlflow_server, run), "try_number": 1}
+    client = MlflowClient(mlflow_server)  # one MLflow run holds both attempts: the restart as a metric and tags
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "hvd.restarts")] == [(1, 1.0)]
+    assert json.loads(run.data.tags["hvd.attempt.1"])["cause_kind"] == "signal"
+    assert json.loads(run.data.tags["hvd.attempt.2"])["resumed_from"] == resumed
 
 
-def deferred_metrics(airflow, run_id: str) -> dict | None:
-    resp = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_metrics")
+def deferred_xcom(airflow, run_id: str, key: str = "hvd_metrics") -> dict | None:
+    resp = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/{key}")
     return resp.json()["value"] if resp.status_code == 200 else None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import queue
 import re
@@ -33,6 +34,7 @@ from jobs import (
     value_of,
     wait_for_pids,
 )
+from restart_jobs import train_until_killed
 
 from airflow_provider_hvd import (
     HorovodRunner,
@@ -235,6 +237,47 @@ def test_a_rank_that_failed_while_nobody_was_attached_is_named_on_attach(connect
     assert str(caught.value).splitlines()[0] == "Horovod rank 1 of 2 failed: ValueError: boom from rank 1"
     assert "boom from rank 1" in (caught.value.remote_traceback or "")
     assert job.status().cause == "Horovod rank 1 of 2 failed: ValueError: boom from rank 1"
+
+
+def test_a_submitted_run_restarts_in_its_host_and_another_process_gets_the_restarted_runs_value(
+    connect_durable, tmp_path, caplog
+):
+    """max_restarts=1: rank 1 is SIGKILLed after epoch 3's checkpoint; the run's host starts attempt 2, which resumes
+    from it. The submitter sees the restart in its log and job.status(); a process that attaches during attempt 2
+    sees it in its status, relays attempt 2's lines tagged with it, and gets the restarted run's value.
+    Before: submit() refused max_restarts."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    ckpt, pid_dir, gate = tmp_path / "ckpt", tmp_path / "pids", tmp_path / "gate"
+    ckpt.mkdir()
+    pid_dir.mkdir()
+    attacher = None
+    try:
+        with connect_session(connect_durable.url):
+            job = HorovodRunner(np=2, max_restarts=1, driver_log_verbosity="all").submit(
+                train_until_killed, ckpt_dir=str(ckpt), pid_dir=str(pid_dir), kill_after_epoch=3, gate=str(gate)
+            )
+            until(lambda: job.status().attempt == 2 and job.status().ranks_started == 2, 180, "attempt 2 starts")
+            assert job.status().phase in ("starting", "running") and not job.done()
+            attacher = Client("attach", job.id)
+            assert "attempt=2" in attacher.wait_for("ATTACHED ")  # (its job.status())
+            gate.touch()
+            value = json.loads(attacher.wait_for("VALUE ").split("VALUE ", 1)[1])
+            assert value["resumed_from"]["path"] == f"{ckpt}/epoch-3.pt" and value["epochs_trained"] == [4, 5]
+            assert job.wait(60) == value and job.status() == JobStatus("ended", 2, 2, None, attempt=2)
+        assert [record["cause_kind"] for record in job.attempts] == ["signal", None]
+        assert job.attempts[1]["resumed_from"]["epoch"] == 3 and job.checkpoint["path"] == f"{ckpt}/epoch-5.pt"
+        restart = (
+            "HorovodRunner: restart 1 of 1 after Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python "
+            f"exception: resuming from {ckpt}/epoch-3.pt (epoch=3)"
+        )
+        assert restart in [r.getMessage() for r in caplog.records], caplog.text[-3000:]
+        assert "[rank 1] epoch 3 done" in caplog.text and "[rank 1, attempt 2] epoch 4 done" in caplog.text
+        assert any(line.endswith("[rank 1, attempt 2] epoch 4 done") for line in attacher.lines), attacher.lines
+        assert_all_gone([int(path.read_text()) for path in pid_dir.glob("*.pid")], within=30)
+    finally:
+        gate.touch()
+        if attacher is not None:
+            attacher.stop()
 
 
 def run_connection(url: str) -> str:

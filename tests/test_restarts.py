@@ -4,6 +4,7 @@ nothing of an attempt is left when the next starts; a cancel between attempts en
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import tempfile
@@ -13,12 +14,14 @@ import pytest
 from conftest import make_session
 from connect_server import connect_session
 from jobs import alive, assert_all_gone
+from mlflow import MlflowClient
 from restart_jobs import fail_each_attempt, train_until_killed
 from test_dataframe_feed import holders
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError, TorchDistributor
 from airflow_provider_hvd.runner.driver.restarts.policy import RestartPolicy
 from airflow_provider_hvd.runner.errors import CauseKind
+from airflow_provider_hvd.runner.mlflow_settings import MlflowSettings
 
 RESTART_LINE = (
     r"{runner}: restart 1 of 2 after {kind} rank 1 of 2 failed: was killed by SIGKILL without a Python "
@@ -96,11 +99,16 @@ def test_a_rank_killed_after_a_checkpoint_restarts_from_it_to_the_weights_of_a_r
     caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
     ckpt, pid_dir = dirs(tmp_path / "killed")
     sink = Sink()
-    distributor = TorchDistributor(**LOCAL_TORCH, max_restarts=2, progress_sink=sink)
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"  # (a local store: no tracking server on this module's worker)
+    mlflow = MlflowSettings(tracking_uri=tracking, experiment_name="restarts")
+    distributor = TorchDistributor(**LOCAL_TORCH, max_restarts=2, progress_sink=sink, mlflow=mlflow)
     result = distributor.run(train_until_killed, ckpt, str(pid_dir), "torch", kill_after_epoch=3)
     assert result["resumed_from"]["path"] == f"{ckpt}/epoch-3.pt" and result["resumed_from"]["epoch"] == 3
     assert result["resumed_from"]["try_number"] == Sink.try_number  # (a task's try reported it)
-    assert sink.attempts == distributor.attempts and sink.checkpoints[-1]["epoch"] == 5
+    # the sink's restarts: each attempt's record and where it starts on the curve (its first step)
+    steps = zip(distributor.attempts, (1, 4), strict=True)
+    assert sink.attempts == [{**record, "first_step": step} for record, step in steps]
+    assert sink.checkpoints[-1]["epoch"] == 5
     assert result["epochs_trained"] == [4, 5]
     assert result["weights_sha256"] == never_failed
     assert result["earlier_alive"] == [], "attempt 1's ranks still ran when attempt 2 started"
@@ -119,6 +127,16 @@ def test_a_rank_killed_after_a_checkpoint_restarts_from_it_to_the_weights_of_a_r
     assert "[rank 1, attempt 2] epoch 3" not in caplog.text
     assert_all_gone(pids(pid_dir, "*.pid"))
     assert ours(temp) == []
+    # one MLflow run holds both attempts: every epoch's loss, the restart as a metric, each attempt as a tag
+    client = MlflowClient(tracking)
+    run = client.get_run(distributor.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "hvd.restarts")] == [(1, 1.0)]
+    tags = {n: json.loads(run.data.tags[f"hvd.attempt.{n}"]) for n in (1, 2)}
+    assert tags[1]["cause_kind"] == "signal" and tags[1]["cause"] == first["cause"] and tags[1]["ended_at"]
+    assert tags[2]["resumed_from"] == f"{ckpt}/epoch-3.pt (epoch=3), reported by try 4"
+    assert tags[2]["cause"] is None and tags[2]["ended_at"] == second["ended_at"]
 
 
 def test_an_exception_in_main_ends_the_run_in_one_attempt_saying_why(tmp_path, temp):
@@ -314,7 +332,7 @@ def test_on_spark_an_exception_in_main_ends_the_run_in_one_barrier_job(cluster_s
     assert_all_gone(pids(pid_dir, "*.pid"))
 
 
-def test_max_restarts_is_checked_and_a_submitted_run_refuses_it():
+def test_max_restarts_and_restart_on_exceptions_are_checked():
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ValueError, match="max_restarts must be a whole number >= 0"):
             HorovodRunner(np=2, max_restarts=bad)
@@ -323,5 +341,3 @@ def test_max_restarts_is_checked_and_a_submitted_run_refuses_it():
     assert TorchDistributor(restart_on_exceptions=ValueError, use_gpu=False).restart_on_exceptions == (
         "builtins.ValueError",
     )
-    with pytest.raises(ValueError, match=r"HorovodRunner\(max_restarts=1\)\.submit\(\): a submitted run does not"):
-        HorovodRunner(np=2, max_restarts=1).submit(print)

@@ -35,12 +35,14 @@ class JobStatus:
     saying hello), ``"running"``, ``"ending"`` (a cause was recorded, or every rank returned), ``"ended"`` (the
     outcome is known), or ``"lost"`` (this client's link to the run's host ended before its outcome came);
     ``ranks_started``: how many of its ``size`` ranks were started; ``cause``: the first line of the error the run
-    ended with, or why the link was lost."""
+    ended with, or why the link was lost; ``attempt``: the run's attempt (from 1; a run with ``max_restarts``
+    restarts in its host: its phase and ranks are the current attempt's)."""
 
     phase: str
     ranks_started: int
     size: int
     cause: str | None = None
+    attempt: int = 1
 
     @property
     def ended(self) -> bool:
@@ -125,9 +127,11 @@ class Job:
         self._finished = False
         self._detached = False  # close() came: a wait ends with RunDetachedError, not a re-attach
         self._cancelled = False  # cancel() found no link: the run's operation was interrupted, its sessions released
-        #: after the outcome: the metrics history ``{"loss": [(step, value), ...]}`` and the last checkpoint
+        #: after the outcome: the metrics history ``{"loss": [(step, value), ...]}``, the last checkpoint, and the
+        #: record of each attempt (as ``HorovodRunner.attempts``)
         self.metrics: dict[str, list[tuple[float, float | None]]] = {}
         self.checkpoint: dict[str, Any] | None = None
+        self.attempts: list[dict[str, Any]] = []
         #: the run's MLflow run (``mlflow=``), which its host made, once the host said so: its id and UI URL
         self.mlflow_run_id: str | None = None
         self.mlflow_run_url: str | None = None
@@ -172,9 +176,10 @@ class Job:
         client = self._until_outcome(timeout)
         assert client.outcome is not None
         error = client.outcome.error
-        size = client.status.size if client.status is not None else 0
-        started = client.status.ranks_started if client.status is not None else 0
-        return JobStatus("ended", started, size, None if error is None else str(error["message"]).splitlines()[0])
+        status = client.status
+        size, started, attempt = (status.size, status.ranks_started, status.attempt) if status else (0, 0, 1)
+        cause = None if error is None else str(error["message"]).splitlines()[0]
+        return JobStatus("ended", started, size, cause, attempt)
 
     def _until_outcome(self, timeout: float | None) -> LinkClient:
         """The client once the outcome came to it, re-attaching where the link was lost before."""
@@ -236,6 +241,7 @@ class Job:
         assert outcome is not None
         self.metrics = {name: [(float(p[0] or 0), p[1]) for p in points] for name, points in outcome.metrics.items()}
         self.checkpoint = None if outcome.checkpoint is None else {"try_number": None, **outcome.checkpoint}
+        self.attempts = outcome.attempts
         try:
             if outcome.error is not None:
                 error = rebuild_error(outcome.error)
@@ -264,11 +270,11 @@ class Job:
         client = self._client
         status = None if client is None else client.status
         if client is not None and client.lost is not None and client.outcome is None:
-            started, size = (status.ranks_started, status.size) if status else (0, 0)
-            return JobStatus("lost", started, size, client.lost)
+            started, size, attempt = (status.ranks_started, status.size, status.attempt) if status else (0, 0, 1)
+            return JobStatus("lost", started, size, client.lost, attempt)
         if status is None:
             return JobStatus("starting", 0, 0)
-        return JobStatus(status.phase, status.ranks_started, status.size, status.cause)
+        return JobStatus(status.phase, status.ranks_started, status.size, status.cause, status.attempt)
 
     def done(self) -> bool:
         """Whether the outcome is here (then :meth:`wait` returns or raises at once)."""

@@ -14,7 +14,7 @@ from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.barrier import SparkLauncher
 from .driver.launch.spark.cluster import active_session, session_conf
 from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
-from .driver.restarts.controller import RunController
+from .driver.restarts.controller import KeptJob, RunController
 from .driver.restarts.policy import RestartPolicy
 from .driver.tracking.mlflow_run import MlflowRun, resolved_tracking_uri, start_mlflow_run
 from .driver.tracking.progress import RunProgress
@@ -51,22 +51,6 @@ def _conf_and_tls(spark: SparkSession) -> tuple[Callable[[str], str | None], boo
     """The session's Spark conf getter, and whether the driver channel is TLS (when Spark encrypts its own)."""
     conf = session_conf(spark)
     return conf, spark_encrypts(conf) is not None
-
-
-class _KeptJob:
-    """The pickled job, for each attempt's supervisor: kept for the next attempts only where the run may restart
-    (else the first attempt's launcher has the one copy)."""
-
-    def __init__(self, payload: bytes, keep: bool) -> None:
-        self._payload: bytes | None = payload
-        self._keep = keep
-
-    def take(self) -> bytes:
-        payload = self._payload
-        assert payload is not None, "a run without max_restarts has one attempt"
-        if not self._keep:
-            self._payload = None
-        return payload
 
 
 @dataclass
@@ -208,7 +192,7 @@ class _Runner:
             )
             # the launcher gets the job; on Spark the driver keeps no copy beside the broadcast's, unless a later
             # attempt needs it
-            job = _KeptJob(payload, keep=settings.max_restarts > 0)
+            job = KeptJob(payload, keep=settings.max_restarts > 0)
             del payload
             with contextlib.ExitStack() as ending:
                 tracking = self._start_mlflow_run(launcher.size, conf)
@@ -236,7 +220,8 @@ class _Runner:
                     )
 
                 policy = RestartPolicy(settings.max_restarts, settings.restart_on_exceptions)
-                controller = RunController(attempt, progress, policy, lambda: run.cancelled, runner)
+                listeners = [tracking] if tracking is not None else []  # (one MLflow run records the restarts)
+                controller = RunController(attempt, progress, policy, lambda: run.cancelled, runner, listeners)
                 if settings.resume_from is not None:
                     log.info("%s: resuming from %s", runner, describe_checkpoint(settings.resume_from))
                 with rank_logs_visible():
@@ -300,11 +285,6 @@ class _Runner:
         from .durable.submit import submit_run
 
         runner = self.naming.runner
-        if self.settings.max_restarts:
-            raise ValueError(
-                f"{runner}(max_restarts={self.settings.max_restarts}).submit(): a submitted run does not restart yet "
-                "(docs/restarts.md); use run(), which restarts, or max_restarts=0 to submit."
-            )
         spark, per_task, use_gpus = self._spark_launch()
         if not is_connect(spark):
             raise LaunchError(
@@ -338,6 +318,8 @@ class _Runner:
                 *self._host_mlflow(),
                 dataframe=dataframe,
                 outcome_timeout=settings.outcome_timeout,
+                max_restarts=settings.max_restarts,
+                restart_on_exceptions=settings.restart_on_exceptions,
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]

@@ -39,7 +39,8 @@ class ProgressSink(Protocol):
     A sink may have a ``max_bytes`` attribute: the most a metrics snapshot may take as JSON (default 60,000); a
     ``try_number`` (the Airflow try whose run it records: a restarted run's checkpoints are that try's); and a
     ``restarts(records)`` method, given the record of each attempt once a run has restarted (``max_restarts``:
-    ``HorovodRunner.attempts``' dicts), as each attempt ends.
+    ``HorovodRunner.attempts``' dicts, each with ``first_step``: the first step the metrics rank reported in that
+    attempt, None before it reported one), as each attempt starts and ends.
     """
 
     def metrics(self, snapshot: dict[str, Any]) -> None:

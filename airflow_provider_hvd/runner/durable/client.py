@@ -142,8 +142,8 @@ class LinkClient:
             )
         line = lines.first
         for entry in lines.entries:
-            if entry[0] == "rank":
-                log_rank_lines(entry[1], entry[2])
+            if entry[0] == "rank":  # (a later attempt's: its number after the lines)
+                log_rank_lines(entry[1], entry[2], entry[3] if len(entry) > 3 else 1)
                 line += len(entry[2])
             else:
                 logging.getLogger(entry[1]).log(entry[2], "%s", entry[3])
@@ -153,7 +153,7 @@ class LinkClient:
 
     def _progress(self, message: link.Progress) -> None:
         if message.what == link.MLFLOW_RUN:
-            if self._on_mlflow_run is not None:
+            if self._on_mlflow_run is not None and isinstance(message.value, dict):
                 try:
                     self._on_mlflow_run(str(message.value["run_id"]), message.value.get("url"))
                 except Exception:  # noqa: BLE001 - the caller's hook is not the run's

@@ -44,7 +44,9 @@ if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
     from ..driver.launch.spark.barrier import SparkLauncher
+    from ..driver.restarts.controller import RunController
     from ..driver.tracking.mlflow_run import MlflowRun
+    from ..driver.tracking.progress import RunProgress
     from ..driver.watch.supervisor import Supervisor
     from .dataframe_recipe import DataFrameRecipe
 
@@ -93,6 +95,9 @@ class HostSpec:
     #: how long the host keeps a finished run's outcome that nobody fetched (``outcome_timeout``)
     outcome_timeout: float = DEFAULT_OUTCOME_TIMEOUT_S
     keepalive_s: float = SESSION_KEEPALIVE_S  # a request in each of the host's sessions this often
+    #: the run's restarts (``max_restarts``, ``restart_on_exceptions``): the host runs its attempts
+    max_restarts: int = 0
+    restart_on_exceptions: tuple[str, ...] = ()
 
 
 class _Capture(logging.Handler):
@@ -107,7 +112,8 @@ class _Capture(logging.Handler):
         try:
             lines = getattr(record, "rank_lines", None)
             if lines is not None and isinstance(record.args, tuple) and record.args:
-                self.ring.append(["rank", record.args[0], list(lines)])
+                attempt = getattr(record, "attempt", 1)  # (a later attempt's lines say so: [rank N, attempt K])
+                self.ring.append(["rank", record.args[0], list(lines), *([attempt] if attempt > 1 else [])])
             else:
                 self.ring.append(["log", record.name, record.levelno, self.format(record)])
         except Exception:  # noqa: BLE001 - logging never raises into the run
@@ -180,6 +186,9 @@ class _LinkSink:
     def checkpoint(self, record: dict[str, Any]) -> None:
         self._host.progress_write("checkpoint", record)
 
+    def restarts(self, records: list[dict[str, Any]]) -> None:
+        self._host.progress_write("restarts", records)
+
 
 class Host:
     def __init__(self, spec: HostSpec, read_job: Callable[[], bytes]) -> None:
@@ -195,9 +204,10 @@ class Host:
         self._any_fetched = False
         self._waiting: set[object] = set()  # the attached peers that do not have the outcome yet
         self.ended = threading.Event()  # the host is done: its clients' threads end
-        self.progress: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.progress: dict[str, tuple[int, dict[str, Any] | list[Any]]] = {}
         self.outcome: tuple[link.Outcome, bytes | None] | None = None
-        self._supervisor: Supervisor | None = None
+        self._controller: RunController | None = None
+        self._supervisor: Supervisor | None = None  # the current attempt's (or the last one's, once it ended)
         self._ended_status: link.Status | None = None
 
     # what the link's peers ask
@@ -205,10 +215,10 @@ class Host:
     def status(self) -> link.Status:
         if self._ended_status is not None:
             return self._ended_status
-        phase, started = self._supervisor.status() if self._supervisor is not None else ("starting", 0)
-        return link.Status("ending" if phase == "settling" else phase, started, self.spec.size)
+        phase, started, attempt = self._controller.status() if self._controller is not None else ("starting", 0, 1)
+        return link.Status("ending" if phase == "settling" else phase, started, self.spec.size, attempt=attempt)
 
-    def progress_write(self, what: str, value: dict[str, Any]) -> None:
+    def progress_write(self, what: str, value: dict[str, Any] | list[Any]) -> None:
         with self.ring.changed:
             version = self.progress.get(what, (0, {}))[0] + 1
             self.progress[what] = (version, value)
@@ -345,8 +355,8 @@ class Host:
             )
             if tracking is not None and tracking.run_id is not None:  # every client, attached now or later
                 self.progress_write(link.MLFLOW_RUN, {"run_id": tracking.run_id, "url": tracking.url})
-            self._supervisor = self._make_supervisor(ranks, progress, tracking)
-            body = self._supervisor.run_raw()
+            self._controller = self._attempts(ranks, progress, tracking)
+            body = self._controller.run_raw()
             result = body.read() if isinstance(body, Pieces) else bytes(body)
         except BaseException as exc:  # noqa: BLE001 - every end is the run's outcome, for the client
             error = exc
@@ -362,22 +372,43 @@ class Host:
             if ranks is not None:
                 keepalive.release(ranks)
         metrics = {name: [list(point) for point in points] for name, points in progress.history.as_dict().items()}
+        attempts = self._controller.attempts() if self._controller is not None else []
         outcome = link.Outcome(
-            None if error is None else error_parts(error), metrics, progress.checkpoint, len(result or b"")
+            None if error is None else error_parts(error), metrics, progress.checkpoint, len(result or b""), attempts
         )
         with self.ring.changed:
             cause = None if error is None else first_line(error)
             started = self._supervisor.status()[1] if self._supervisor is not None else 0
-            self._ended_status = link.Status("ended", started, spec.size, cause)
+            self._ended_status = link.Status("ended", started, spec.size, cause, max(1, len(attempts)))
             self.outcome = (outcome, result)
             self.ring.changed.notify_all()
         if error is not None:
             log.info("%s: the run ended: %s", spec.naming.runner, first_line(error))
 
-    def _make_supervisor(self, ranks: SparkSession, progress: Any, tracking: MlflowRun | None) -> Supervisor:
+    def _attempts(self, ranks: SparkSession, progress: RunProgress, tracking: MlflowRun | None) -> RunController:
+        """The run's attempts (``max_restarts``), each a launcher and a supervisor of its own; the job is read once
+        and kept for the next attempts where the run may restart; one MLflow run records the restarts."""
+        from ..driver.restarts.controller import KeptJob, RunController
+        from ..driver.restarts.policy import RestartPolicy
+
+        spec = self.spec
+        job = KeptJob(self._read_job(), keep=spec.max_restarts > 0)
+        launcher: SparkLauncher | None = None
+
+        def attempt(number: int) -> Supervisor:
+            nonlocal launcher
+            launcher = self._launcher(ranks, launcher)
+            self._supervisor = self._new_supervisor(launcher, job.take(), progress, tracking, number)
+            return self._supervisor
+
+        policy = RestartPolicy(spec.max_restarts, spec.restart_on_exceptions)
+        listeners = [tracking] if tracking is not None else []
+        return RunController(attempt, progress, policy, self._cancelled, spec.naming.runner, listeners)
+
+    def _launcher(self, ranks: SparkSession, previous: SparkLauncher | None) -> SparkLauncher:
+        """An attempt's launcher in the ranks' session; a run on a DataFrame builds and plans it for the first
+        attempt, and the next ones read the same shards (``previous``: the last attempt's launcher)."""
         from ..driver.launch.spark.barrier import SparkLauncher
-        from ..driver.ranks.kind import RankKind, horovod_kind, torch_kind
-        from ..driver.watch.supervisor import Supervisor
 
         spec = self.spec
         launcher = SparkLauncher(
@@ -389,12 +420,24 @@ class Host:
             use_gpus=spec.use_gpus,
             naming=spec.naming,
         )
-        if spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
+        if previous is not None:
+            launcher.shard_plan = previous.shard_plan
+        elif spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
             self._plan_dataframe(spec.dataframe, ranks, launcher)
+        return launcher
+
+    def _new_supervisor(
+        self, launcher: SparkLauncher, job: bytes, progress: RunProgress, tracking: MlflowRun | None, attempt: int
+    ) -> Supervisor:
+        """The supervisor of the run's attempt ``attempt``, with a new rank kind (its rendezvous or store)."""
+        from ..driver.ranks.kind import RankKind, horovod_kind, torch_kind
+        from ..driver.watch.supervisor import Supervisor
+
+        spec = self.spec
         kind: RankKind = horovod_kind() if spec.kind == "Horovod" else torch_kind()
         return Supervisor(
             launcher,
-            self._read_job(),
+            job,
             spec.verbosity,
             self._cancelled,
             spec.start_timeout_s,
@@ -405,6 +448,7 @@ class Host:
             kind=kind,
             exit_timeout_s=spec.exit_timeout,
             tracking=tracking,
+            attempt=attempt,
         )
 
     def _plan_dataframe(self, recipe: DataFrameRecipe, ranks: SparkSession, launcher: SparkLauncher) -> None:

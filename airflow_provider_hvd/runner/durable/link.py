@@ -94,8 +94,9 @@ class Attach(Message):
 
 @dataclass(frozen=True)
 class Lines(Message):
-    """Log entries from line ``first`` on (a rank entry ``["rank", rank, [lines]]`` counts its lines, a runner
-    entry ``["log", logger, level, message]`` one); ``lost`` lines before them were no longer kept."""
+    """Log entries from line ``first`` on (a rank entry ``["rank", rank, [lines]]``, with the attempt after the
+    lines from a run's second attempt on, counts its lines, a runner entry ``["log", logger, level, message]``
+    one); ``lost`` lines before them were no longer kept."""
 
     KIND: ClassVar[Kind] = Kind.LINK_LINES
     first: int
@@ -116,26 +117,28 @@ class Status(Message):
     ranks_started: int
     size: int
     cause: str | None = None
+    attempt: int = 1  # the run's attempt (``max_restarts``): its phase and ranks are this attempt's
 
 
 @dataclass(frozen=True)
 class Progress(Message):
     KIND: ClassVar[Kind] = Kind.LINK_PROGRESS
-    what: str  # "metrics" or "checkpoint" (the ProgressSink method), or MLFLOW_RUN
-    value: dict[str, Any]
+    what: str  # "metrics", "checkpoint" or "restarts" (the ProgressSink method), or MLFLOW_RUN
+    value: dict[str, Any] | list[Any]  # (a list: "restarts", the record of each attempt)
 
 
 @dataclass(frozen=True)
 class Outcome(Message):
     """How the run ended: ``error`` (the raised error's parts, :mod:`.outcome_parts`) or rank 0's value, pickled,
     ``value_bytes`` long, in the ``LINK_RESULT`` frame that follows (to a fetching client only); the run's metrics
-    history and last checkpoint."""
+    history, last checkpoint, and the record of each attempt (``HorovodRunner.attempts``')."""
 
     KIND: ClassVar[Kind] = Kind.LINK_OUTCOME
     error: dict[str, Any] | None
     metrics: dict[str, list[list[float | None]]] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None
     value_bytes: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

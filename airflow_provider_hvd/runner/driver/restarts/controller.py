@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +26,14 @@ from ..tracking.progress import RunProgress
 from .policy import RestartPolicy
 
 log = logging.getLogger("airflow_provider_hvd.runner")
+
+
+class AttemptsListener(Protocol):
+    """What hears the record of each attempt, as each attempt starts and ends (the run's progress, its MLflow
+    run)."""
+
+    def take_attempts(self, records: list[dict[str, Any]]) -> None:
+        """The record of each attempt so far (:meth:`AttemptRecord.as_dict`), the current one last."""
 
 
 class Attempt(Protocol):
@@ -82,7 +90,8 @@ class AttemptRecord:
 
 class RunController:
     """Runs attempts made by ``start_attempt(number)`` until one succeeds, the policy says no new one can get past
-    the last one's cause, the budget is spent, or ``cancelled()``; ``progress`` lasts across them."""
+    the last one's cause, the budget is spent, or ``cancelled()``; ``progress`` lasts across them. ``progress``
+    and ``listeners`` hear the record of each attempt as each one starts (its size known) and ends."""
 
     def __init__(
         self,
@@ -91,9 +100,11 @@ class RunController:
         policy: RestartPolicy,
         cancelled: Callable[[], bool],
         runner: str,
+        listeners: Sequence[AttemptsListener] = (),
     ) -> None:
         self._start_attempt = start_attempt
         self._progress = progress
+        self._listeners: list[AttemptsListener] = [progress, *listeners]
         self._policy = policy
         self._cancelled = cancelled
         self._runner = runner
@@ -119,6 +130,7 @@ class RunController:
             try:
                 self._current = attempt = self._start_attempt(record.number)
                 record.size = attempt.size
+                self._tell_listeners()
                 body = attempt.run_raw()
             except HorovodRunnerError as error:
                 self._ended(record, error)
@@ -140,8 +152,13 @@ class RunController:
         if error is not None:
             kind = getattr(error, "cause_kind", None)
             record.cause_kind, record.cause = (kind.value if kind is not None else None), _first_line(error)
-        self._progress.take_attempts(self.attempts())
+        self._tell_listeners()
         self._current = None
+
+    def _tell_listeners(self) -> None:
+        records = self.attempts()
+        for listener in self._listeners:
+            listener.take_attempts(records)
 
     def _why_not(self, error: HorovodRunnerError) -> str | None:
         """Why the run does not restart after ``error``; None when it does."""
@@ -183,3 +200,19 @@ class RunController:
             )
             cancelled.attempts = self.attempts()
             raise cancelled from error
+
+
+class KeptJob:
+    """The pickled job, for each attempt's supervisor: kept for the next attempts only where the run may restart
+    (else the first attempt's launcher has the one copy)."""
+
+    def __init__(self, payload: bytes, keep: bool) -> None:
+        self._payload: bytes | None = payload
+        self._keep = keep
+
+    def take(self) -> bytes:
+        payload = self._payload
+        assert payload is not None, "a run without max_restarts has one attempt"
+        if not self._keep:
+            self._payload = None
+        return payload

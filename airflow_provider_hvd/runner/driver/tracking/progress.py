@@ -186,6 +186,7 @@ class RunProgress:
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self.attempts: list[dict[str, Any]] = []  # the record of each attempt (..restarts.controller)
+        self._first_steps: dict[int, float] = {}  # each attempt's first metrics step: where it resumed on the curve
         self._due = {"checkpoint": _Due(), "metrics": _Due(), "restarts": _Due()}  # the checkpoint first: _write_due
         self._writer = BoundedWriter(threading.Thread(target=self._write_loop, name="hvd-progress-writer", daemon=True))
         self._flushed = False
@@ -215,6 +216,10 @@ class RunProgress:
                     with self._lock:
                         self.history.add(message.step, message.values, message.time)
                         self._due["metrics"].dirty = True
+                        attempt = self.attempts[-1]["attempt"] if self.attempts else 1
+                        if attempt not in self._first_steps:
+                            self._first_steps[attempt] = message.step
+                            self._due["restarts"].dirty = self._restarts_due()
             elif isinstance(message, Checkpoint):
                 record = checkpoint_record(rank, message)
                 with self._lock:
@@ -225,11 +230,20 @@ class RunProgress:
             log.exception("%s: could not take a progress report of rank %s", self._runner, rank)
 
     def take_attempts(self, records: list[dict[str, Any]]) -> None:
-        """The record of each attempt so far (the run's controller, as each attempt ends); once the run has
-        restarted, it goes to a sink that keeps it (its ``restarts``) as the other keys do."""
+        """The record of each attempt so far (the run's controller, as each attempt starts and ends); once the run
+        has restarted, it goes to a sink that keeps it (its ``restarts``) as the other keys do, each record with
+        the first step the metrics rank reported in that attempt (``first_step``, None before its first report)."""
         with self._lock:
             self.attempts = records
-            self._due["restarts"].dirty = len(records) > 1 and hasattr(self._sink, "restarts")
+            self._due["restarts"].dirty = self._restarts_due()
+
+    def _restarts_due(self) -> bool:
+        """Whether the run has restarted and the sink keeps its restarts (under the lock)."""
+        return len(self.attempts) > 1 and hasattr(self._sink, "restarts")
+
+    def _restarts(self) -> list[dict[str, Any]]:
+        """What a sink's ``restarts`` gets: each attempt's record with its ``first_step`` (under the lock)."""
+        return [{**record, "first_step": self._first_steps.get(record["attempt"])} for record in self.attempts]
 
     def tick(self) -> None:
         """Let the write worker write what changed, each key at most once every ``interval_s`` (the
@@ -300,7 +314,7 @@ class RunProgress:
                 if key == "checkpoint":
                     value = dict(self.checkpoint) if self.checkpoint is not None else None
                 elif key == "restarts":
-                    value = list(self.attempts)
+                    value = self._restarts()
                 else:
                     max_bytes = getattr(self._sink, "max_bytes", SNAPSHOT_MAX_BYTES)
                     value = self.history.snapshot(max_bytes, rank=self.rank)
