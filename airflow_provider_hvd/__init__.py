@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "HorovodRunner": "airflow_provider_hvd.runner.runner",
     "TorchDistributor": "airflow_provider_hvd.runner.torch_distributor",
+    "ConfigurationError": "airflow_provider_hvd.runner.errors",
     "HorovodRunnerError": "airflow_provider_hvd.runner.errors",
     "HostSlotError": "airflow_provider_hvd.runner.errors",
     "JobNotFoundError": "airflow_provider_hvd.runner.errors",
@@ -45,6 +46,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ConfigurationError",
     "DataFrameShard",
     "HorovodHook",
     "HorovodRunner",

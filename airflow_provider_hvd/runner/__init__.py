@@ -8,6 +8,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    ConfigurationError,
     HorovodRunnerError,
     HostSlotError,
     JobNotFoundError,
@@ -44,6 +45,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ConfigurationError",
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ....errors import HostSlotError, LaunchError, RunCancelledError
+from ....errors import HostSlotError, JobRefusedError, LaunchError, RunCancelledError
 from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .cluster import MASTER_WEB_UI_CONF, is_local, state_of
@@ -114,7 +114,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
 def refuse_dynamic_allocation(conf: Callable[[str], str | None], size: int) -> None:
     """Spark refuses barrier jobs under dynamic allocation: say so before anything starts."""
     if (conf("spark.dynamicAllocation.enabled") or "false").lower() == "true":
-        raise LaunchError(
+        raise JobRefusedError(
             "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
             f"and spark.executor.instances so that the cluster holds {size} task slots."
         )
@@ -190,7 +190,7 @@ def never_fits_error(
     state: dict[str, Any] | None,
     naming: RunnerNaming = HOROVOD_RUNNER,
     host: int = 0,
-) -> LaunchError:
+) -> JobRefusedError:
     """The refusal of a job of ``size`` tasks on a cluster of at most ``total`` slots; ``host``: the slots a
     submitted run's host holds beside them (named apart: the user's ``np`` is the ranks')."""
     task_cpus = conf.get("spark.task.cpus") or 1
@@ -207,7 +207,7 @@ def never_fits_error(
             if total > host
             else f"Use run(), which needs no slot for a host, with {naming.size} at most {total * naming.per_task}"
         )
-    return LaunchError(
+    return JobRefusedError(
         f"{needs} (a barrier job starts all its tasks together), but the cluster at {master} has {total} at most "
         f"(spark.task.cpus={task_cpus}).{limits_note(state, conf, size + host)}"
         f" {lower}, give the cluster more executors or cores (spark.executor.instances, "

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ....errors import LaunchError
+from ....errors import JobRefusedError
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ..address import DriverAddress, connect_driver_address, is_loopback
 from .app import BarrierTask, JobStatus, arrow_barrier
@@ -103,14 +103,14 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
 
 
-def job_too_large(size: int, limit: int, bound_by: str, url: str, submitted: bool = False) -> LaunchError:
+def job_too_large(size: int, limit: int, bound_by: str, url: str, submitted: bool = False) -> JobRefusedError:
     """The refusal of a job over Spark Connect's message limit: a run's (in its barrier job's plan), or a submitted
     run's (in its host's plan, with its DataFrame's recipe where it has one; no classic session can host it)."""
     what, where = (
         ("The submitted job", "its host's plan") if submitted else ("The pickled job", "the barrier job's plan")
     )
     classic = "" if submitted else "; or run it on a classic SparkSession (a broadcast has no such limit)"
-    return LaunchError(
+    return JobRefusedError(
         f"{what} is {_mib(size)}: over Spark Connect it travels inside {where}, one message to the server at "
         f"{url}, which takes a job of at most {_mib(limit)} ({bound_by}). Make the job smaller: have main load its "
         f"data and model from storage instead of capturing them, or pass a path{classic}."
