@@ -47,6 +47,7 @@ _PACKAGE_LOG = "airflow_provider_hvd"
 _WRITER_WAKE_S = 0.5  # a status change reaches the attached clients within this
 _RELEASE_CALL_S = 10.0
 SCHEMA = "ended string"  # the operation's one row
+HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,7 @@ class Host:
             per_task=spec.per_task,
             use_gpus=spec.use_gpus,
             naming=spec.naming,
+            run_host_slots=HOST_SLOTS,  # this task's own: its ranks wait for slots beside it
         )
         if spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
             self._plan_dataframe(spec.dataframe, ranks, launcher)

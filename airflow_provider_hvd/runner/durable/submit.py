@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LaunchError, RunCancelledError
 from ..shared.timing import HOST_START_TIMEOUT_S
-from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
+from .host import HOST_SLOTS, SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
 from .link import LINK_CONF, LinkAddress
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _LINK_POLL_S = 0.25
-HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 
 
 class _Operation:
