@@ -5,6 +5,9 @@ LaunchError it always was."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -57,3 +60,14 @@ def test_more_ranks_than_slots_fails_fast(spark_local):
         HorovodRunner(np=3).run(allreduce_sum)
     assert time.monotonic() - started < 10
     assert spark_local.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_a_run_without_a_spark_session_says_it_starts_one_on_local():
+    """Before: HorovodRunner(np>0) with no SparkSession started one on local[*] without a word, and a run meant for
+    a cluster ran on this host. Said even without logging set up (a warning reaches stderr)."""
+    code = "from airflow_provider_hvd import HorovodRunner; HorovodRunner(np=64).run(print)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert "HorovodRunner: no SparkSession is active: starting one on local[*], this host's cores. To run " in (
+        done.stderr
+    ), done.stderr[-3000:]
+    assert "HorovodRunner(np=64) needs 64 Spark task slots at once" in done.stderr, done.stderr[-3000:]
