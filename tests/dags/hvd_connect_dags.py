@@ -56,8 +56,9 @@ with DAG("torch_on_spark_connect", schedule=None, start_date=START, catchup=Fals
 
 
 with DAG("hvd_task_on_a_server_of_np_slots", schedule=None, start_date=START, catchup=False):
-    # np=2 on a server of 2 task slots (tests/test_connect_airflow.py: connect_local, local[2]): the ranks fit, the
-    # host of a run that outlives the task does not beside them, so the task runs as it did before durable runs
+    # np=2 on a server of 2 task slots (tests/test_connect_airflow.py: connect_local, local[*] on 2 cores): the
+    # ranks fit, the host of a run that outlives the task does not beside them, so the task runs as it did before
+    # durable runs
 
     @task.horovod(np=2, conn_id="spark_connect_default")
     def sum_over_connect() -> dict:
