@@ -54,7 +54,7 @@ WORKER_GROUPS = {
     "deployment": ["test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"],
     "servers": [
         *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
-        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs"),
+        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs", "test_doc_snippets"),
     ],
     **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
     **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},
