@@ -1,8 +1,9 @@
 """The code blocks of the README and docs/, as a user would paste them (tests/test_doc_snippets.py checks them).
 
 A ```python block runs, unless the line before it is ``<!-- not run: why -->`` (a fragment: a task of a DAG
-file, a function's body, a template whose ``...`` is the user's); it is compiled then. A ```bash block is
-parsed, and the Airflow commands, settings and DAGs it names are looked up (running it would start Airflow).
+file, a function's body, a template whose ``...`` is the user's) or it includes a file (``--8<--``: that file's
+own tests run it); it is compiled then. A ```bash block is parsed, and the Airflow commands, settings and DAGs
+it names are looked up (running it would start Airflow).
 """
 
 from __future__ import annotations
@@ -55,9 +56,24 @@ def blocks(page: Path) -> list[Block]:
         if language is not None:
             mark = _MARK.match(lines[i - 1]) if i else None
             code = textwrap.dedent("\n".join(lines[i + 1 : end])) + "\n"
-            found.append(Block(str(page.relative_to(ROOT)), i + 2, language, code, mark.group(1) if mark else None))
+            why = mark.group(1) if mark else None
+            included = _included(code)
+            if included is not None:  # the file's own tests run it
+                code, why = (ROOT / included).read_text(), f"a file of its own, {included}"
+            found.append(Block(str(page.relative_to(ROOT)), i + 2, language, code, why))
         i = end + 1
     return found
+
+
+def _included(code: str) -> str | None:
+    """The file a block includes whole (pymdownx.snippets: ``--8<-- "path"``, or the path between two ``--8<--``
+    lines), or None."""
+    lines = [line.strip() for line in code.strip().splitlines()]
+    if len(lines) == 1 and lines[0].startswith("--8<--"):
+        return lines[0].removeprefix("--8<--").strip().strip("\"'")
+    if len(lines) == 3 and lines[0] == lines[2] == "--8<--":
+        return lines[1].strip("\"'")
+    return None
 
 
 def all_blocks() -> list[Block]:
