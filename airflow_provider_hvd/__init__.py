@@ -20,6 +20,7 @@ _EXPORTS = {
     "HorovodRunner": "airflow_provider_hvd.runner.runner",
     "TorchDistributor": "airflow_provider_hvd.runner.torch_distributor",
     "CauseKind": "airflow_provider_hvd.runner.errors",
+    "ConfigurationError": "airflow_provider_hvd.runner.errors",
     "HorovodRunnerError": "airflow_provider_hvd.runner.errors",
     "HostSlotError": "airflow_provider_hvd.runner.errors",
     "JobNotFoundError": "airflow_provider_hvd.runner.errors",
@@ -47,6 +48,7 @@ _EXPORTS = {
 
 __all__ = [
     "CauseKind",
+    "ConfigurationError",
     "DataFrameShard",
     "HorovodHook",
     "HorovodRunner",

@@ -57,7 +57,7 @@ WORKER_GROUPS = {
     ],
     "servers": [
         *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
-        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs", "test_restarts"),
+        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs", "test_restarts", "test_doc_snippets"),
     ],
     **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
     **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},
@@ -159,10 +159,11 @@ def postgres():
 
 @pytest.fixture(scope="session")
 def connect_local(tmp_path_factory):
-    """The ``sc://`` URL of a Spark Connect server on ``local[2]``, for the whole test session. Its application
-    has Spark encrypt its traffic (the driver channel of its runs is TLS then): a local master needs no more
-    for it. It takes messages of 32 MiB at most (a job too large for it is cheap to make). Make its sessions
-    with ``connect_server.connect_session``."""
+    """The ``sc://`` URL of a Spark Connect server on ``local[*]`` on 2 cores (2 task slots), for the whole test
+    session: the server ``start-connect-server.sh`` starts without ``--master``, as a newcomer's is. Its
+    application has Spark encrypt its traffic (the driver channel of its runs is TLS then): a local master needs
+    no more for it. It takes messages of 32 MiB at most (a job too large for it is cheap to make). Make its
+    sessions with ``connect_server.connect_session``."""
     from connect_server import ConnectServer
 
     settings = {
@@ -170,7 +171,8 @@ def connect_local(tmp_path_factory):
         "spark.authenticate": "true",
         "spark.connect.grpc.maxInboundMessageSize": "32m",
     }
-    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-local"), "local[2]", **settings).start().warm()
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-local"), "local[*]", cores=2, **settings)
+    server.start().warm()
     yield server.url
     server.stop()
 

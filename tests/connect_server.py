@@ -27,7 +27,8 @@ class ConnectServer:
 
     ``conf``: the server application's Spark settings (``--conf``). Its logs and pid file stay in ``workdir``.
     ``host``: the address its gRPC port listens on; ``inside``: the namespace host it runs in (then only
-    commands run there reach it).
+    commands run there reach it). ``cores``: the server (and its executors' Python workers) runs on that many of
+    this machine's CPUs: the cores ``local[*]`` counts, whatever the machine.
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class ConnectServer:
         *,
         host: str = LOOPBACK,
         inside: LoopbackHost | None = None,
+        cores: int | None = None,
         **conf: str,
     ) -> None:
         self.workdir = workdir
@@ -48,6 +50,9 @@ class ConnectServer:
         self.master = master
         self.conf = {"spark.ui.enabled": "false", "spark.connect.grpc.binding.address": host, **conf}
         self._proc: subprocess.Popen[bytes] | None = None
+        self.cpus = sorted(os.sched_getaffinity(0))[:cores] if cores else None
+        if self.cpus is not None and len(self.cpus) < (cores or 0):
+            raise RuntimeError(f"the server asks for {cores} cores, and this process may run on {len(self.cpus)}")
 
     @property
     def log_file(self) -> Path:
@@ -85,6 +90,7 @@ class ConnectServer:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=None if self.cpus is None else lambda: os.sched_setaffinity(0, self.cpus),
         )
         log.close()
         deadline = time.monotonic() + timeout

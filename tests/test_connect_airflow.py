@@ -5,9 +5,13 @@ server's Spark UI. (The real deployment's task on ``connect_local``, whose UI is
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -197,11 +201,63 @@ def test_a_task_whose_ranks_fit_the_server_and_its_host_does_not_runs_in_its_pro
     assert len(warnings) == 1, task_log[-3000:]
     assert (
         "Task 'sum_over_connect' runs in the task's process, not durably: HorovodRunner(np=2)'s 2 ranks fit the "
-        "cluster at local[2] (2 Spark task slots at most), but a submitted run needs 1 more for its host, which "
+        "cluster at local[*] (2 Spark task slots at most), but a submitted run needs 1 more for its host, which "
         "holds it for the whole run: 3 at once. A run that outlives the task needs one more task slot on the "
         "server; durable=False runs it in the task's process without this warning." in warnings[0]
     ), warnings
     assert "Submitted the run" not in task_log and "LaunchError" not in task_log, task_log[-3000:]
+
+
+def test_airflow_dags_test_runs_on_localhost_and_fails_what_no_retry_can_fix_at_once(connect_local, tmp_path):
+    """`airflow dags test`, in a process of its own as the user runs it, of tasks with the examples' retries=2
+    (5 minutes apart): a connection to the server at localhost (the connection guide's URI form) runs; a job that
+    can never fit, a classic master in a spark_connect connection, a connection not defined and np rendering to
+    no number fail at once, on their first try. Before: localhost was refused as the classic master "local", and
+    each of these errors was retried twice, 5 minutes apart."""
+    from airflow.models import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    port = urlparse(connect_local).port
+    env = {
+        **os.environ,
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": f"spark-connect://localhost:{port}",
+        "AIRFLOW_CONN_SPARK_CONNECT_CLASSIC": json.dumps({"conn_type": "spark_connect", "host": "local[2]"}),
+    }
+    airflow = Path(sys.executable).with_name("airflow")
+    done = subprocess.run(
+        [str(airflow), "dags", "test", "hvd_configuration_errors"],  # (tests/dags/hvd_connect_dags.py)
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,  # retried, the tasks would take 10 minutes
+    )
+    task_log = done.stdout + done.stderr
+    with create_session() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == "hvd_configuration_errors").order_by(DagRun.id.desc())
+        ).first()
+        tries = {ti.task_id: (ti.state, ti.try_number) for ti in run.get_task_instances(session=session)}
+    assert tries == {
+        "on_localhost": ("success", 1),
+        "never_fits": ("failed", 1),
+        "classic_master": ("failed", 1),
+        "no_connection": ("failed", 1),
+        "bad_np": ("failed", 1),
+    }, task_log[-5000:]
+    assert f"Opening a session on the Spark Connect server sc://localhost:{port}" in task_log
+    for refusal in (
+        "JobRefusedError: HorovodRunner(np=3) needs 3 Spark task slots at once for its ranks and a submitted run 1 "
+        "more for its host, 4 in all (a barrier job starts all its tasks together), but the cluster at local[*] has "
+        "2 at most",
+        "SettingError: Connection 'spark_connect_classic' is of type spark_connect but its host 'local[2]' is a "
+        "classic Spark master",
+        "ConnectionNotDefinedError: The Spark connection 'nowhere' is not defined.",
+        "SettingError: np rendered to 'two'; it must be a non-zero int",
+    ):
+        assert refusal in task_log, task_log[-5000:]
+    assert task_log.count("fails without its retries: no retry can fix this") == 4, task_log[-5000:]
 
 
 def test_deferrable_on_a_classic_connection_is_refused_in_one_sentence(dags, spark_default_local, capsys):

@@ -7,6 +7,7 @@ import json
 import re
 import socket
 import time
+from urllib.parse import urlparse
 
 import pytest
 
@@ -28,6 +29,10 @@ CONNECTIONS = {
     },
     "uri": "spark-connect://etl:secret@connect-server:15002?use_ssl=false",
     "use_ssl_1": {"conn_type": "spark_connect", "host": "connect-server", "extra": {"use_ssl": "1"}},
+    # hosts whose names begin as a classic master's (local, yarn): a server on this host, a gateway
+    "localhost_uri": "spark-connect://localhost:15002",
+    "localhost": {"conn_type": "spark_connect", "host": "localhost"},
+    "yarn_gateway": {"conn_type": "spark_connect", "host": "yarn-gateway", "port": 15012},
 }
 # the URL each connection stands for (the apache-spark provider's SparkConnectHook's rules), and whether the
 # channel is TLS: pyspark's ChannelBuilder takes use_ssl only as "true", and a token always goes over TLS
@@ -38,6 +43,9 @@ EXPECTED = {
     "user_and_token": ("sc://connect-server:443/;user_id=etl;token=t0k%3Den%3Bx;use_ssl=True", True),
     "uri": ("sc://connect-server:15002/;user_id=etl;token=secret;use_ssl=false", True),
     "use_ssl_1": ("sc://connect-server/;use_ssl=1", False),
+    "localhost_uri": ("sc://localhost:15002/", False),
+    "localhost": ("sc://localhost/", False),
+    "yarn_gateway": ("sc://yarn-gateway:15012/", False),
 }
 
 
@@ -54,7 +62,7 @@ def test_the_url_is_the_apache_spark_providers(connections, conn_id):
     url, tls = EXPECTED[conn_id]
     target = HorovodHook(conn_id).connect_target()
     assert target is not None and target.url == url
-    assert target.address == f"connect-server:{target.port}" and target.port in (15002, 15012, 443)
+    assert target.address == f"{urlparse(url).hostname}:{target.port}" and target.port in (15002, 15012, 443)
     assert target.tls is tls is DefaultChannelBuilder(url).secure  # what the task log says is what pyspark does
     assert ("TLS" in target.describe()) is tls
 
@@ -89,7 +97,9 @@ def test_a_spark_connection_is_not_a_connect_one(monkeypatch):
     assert HorovodHook("spark_test").connect_target() is None
 
 
-@pytest.mark.parametrize("host", ["spark://spark-master:7077", "yarn", "local[*]", "k8s://https://k8s:6443"])
+@pytest.mark.parametrize(
+    "host", ["spark://spark-master:7077", "yarn", "local", "local[*]", "local[2,3]", "k8s://https://k8s:6443"]
+)
 def test_a_classic_master_in_a_spark_connect_connection_names_the_spark_type(monkeypatch, host):
     monkeypatch.setenv("AIRFLOW_CONN_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host}))
     with pytest.raises(

@@ -238,7 +238,9 @@ def test_kerberos_principal_and_keytab_are_the_apache_spark_providers(monkeypatc
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_KERBEROS", json.dumps({"conn_type": "spark", "host": "yarn", "extra": extra})
     )
-    theirs = SparkSubmitHook(conn_id="spark_kerberos")._connection
+    from airflow_provider_hvd.hooks.keytab import remove_keytab
+
+    theirs, conf = SparkSubmitHook(conn_id="spark_kerberos")._connection, {}
     try:
         _, conf = HorovodHook("spark_kerberos").resolve()
         assert conf["spark.kerberos.principal"] == theirs["principal"] == "etl@EXAMPLE.COM"
@@ -246,6 +248,7 @@ def test_kerberos_principal_and_keytab_are_the_apache_spark_providers(monkeypatc
         assert stat.S_IMODE(os.stat(conf["spark.kerberos.keytab"]).st_mode) == 0o600
     finally:
         Path(theirs["keytab"]).unlink(missing_ok=True)
+        remove_keytab(conf)  # (no session took ours)
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_KERBEROS",
         json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"keytab": "no base64!"}}),

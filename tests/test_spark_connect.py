@@ -24,7 +24,14 @@ from jobs import (
 )
 from test_torch_distributor import check_torchrun_contract
 
-from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
+from airflow_provider_hvd import (
+    HorovodRunner,
+    HostSlotError,
+    LaunchError,
+    RankFailedError,
+    RunCancelledError,
+    TorchDistributor,
+)
 from airflow_provider_hvd.runner.driver.launch.address import (
     CHANNEL_PORT_CONF,
     CONNECT_BIND_CONF,
@@ -98,7 +105,7 @@ def test_horovod_runner_returns_rank_0s_allreduce_over_a_tls_channel(connect_spa
     result = HorovodRunner(np=2).run(allreduce_sum)
     assert result == {"rank": 0, "size": 2, "local_size": 2, "sum": 3.0}
     said = messages(runner_log)
-    assert re.search(r"a Spark barrier job of 2 tasks over Spark Connect sc://127\.0\.0\.1:\d+ \(local\[2\]\)", said)
+    assert re.search(r"a Spark barrier job of 2 tasks over Spark Connect sc://127\.0\.0\.1:\d+ \(local\[\*\]\)", said)
     assert "driver channel on 127.0.0.1:" in said  # the server is on this host: its executors reach loopback
     assert re.search(r"TLS 1\.3 \(this run's certificate, SHA-256 \w+", said)  # the server's app encrypts
     assert "spark.network.crypto.enabled=true: Spark's traffic is encrypted" in said
@@ -132,9 +139,19 @@ def test_torch_distributor_all_reduces_over_connect(connect_spark):
 
 
 def test_jobs_that_cannot_run_are_refused_at_once(connect_spark):
+    """The server is on local[*] (its 2 cores, the slots Spark gives it): a known size, checked at once as a
+    local[N] one is. Before: the cores of local[*] were unknown, and a submitted run of 2 ranks waited
+    slot_wait_timeout (600 s) for the third slot its host needs."""
     started = time.monotonic()
-    with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* at local\[2\] has 2 at most"):
+    with pytest.raises(LaunchError, match=r"needs 3 Spark task slots .* at local\[\*\] has 2 at most"):
         HorovodRunner(np=3).run(allreduce_sum)
+    with pytest.raises(
+        HostSlotError,
+        match=r"^TorchDistributor\(num_processes=2\)'s 2 ranks fit the cluster at local\[\*\] \(2 Spark task slots at "
+        r"most\), but a submitted run needs 1 more for its host, .* Give the cluster one more task slot, lower "
+        r"num_processes to at most 1, or use run\(\)",
+    ):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).submit(allreduce_sum)
     blob = b"x" * (33 << 20)  # the server takes messages of 32 MiB at most (tests/conftest.py)
     with pytest.raises(LaunchError) as caught:
         HorovodRunner(np=2).run(takes_a_blob, blob=blob)
@@ -503,7 +520,9 @@ def test_a_busy_cluster_is_waited_for_up_to_slot_wait_timeout_over_connect(conne
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     from airflow_provider_hvd.runner.driver.launch.spark.cluster import session_conf
+    from airflow_provider_hvd.runner.driver.launch.spark.connect import ConnectApp
     from airflow_provider_hvd.runner.driver.launch.spark.server_ui import executor_slots, server_ui
+    from airflow_provider_hvd.runner.shared.naming import HOROVOD_RUNNER
 
     release = tmp_path / "release"
     with connect_session(connect_standalone) as spark:
@@ -530,6 +549,16 @@ def test_a_busy_cluster_is_waited_for_up_to_slot_wait_timeout_over_connect(conne
             )
             assert "the application has 2, 2 of them busy with its other jobs" in text and "slot_wait_timeout" in text
             assert waited < 60, waited  # not the ranks' start timeout (120 s)
+            # a submitted run's host waits so for its ranks' slots, one of the busy ones its own (here the holder's)
+            in_host = ConnectApp(spark, "", HOROVOD_RUNNER, run_host_slots=1)
+            with pytest.raises(LaunchError) as caught:
+                in_host.check_slots(1, 2, lambda: False)
+            assert (
+                re.search(r"waited \d+s for 1 free Spark task slots over Spark Connect", str(caught.value))
+                and "the application has 2, 2 of them busy: 1 with this run's own host and 1 with its other jobs"
+                in str(caught.value)
+                and "This run's host holds 1 of them for the whole run, beside its ranks'." in str(caught.value)
+            ), caught.value
 
             outcome: list = []
             runner = threading.Thread(target=lambda: outcome.append(HorovodRunner(np=2).run(allreduce_sum)))

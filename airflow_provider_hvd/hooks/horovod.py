@@ -29,6 +29,7 @@ from airflow_provider_hvd.hooks.spark_connect import (
 from airflow_provider_hvd.hooks.spark_output import SparkStartError, launch_logged_gateway, stop_gateway
 from airflow_provider_hvd.hooks.spark_ui import application_ui_url, connect_ui_url
 from airflow_provider_hvd.runner import HorovodRunner, LaunchError, RunCancelledError
+from airflow_provider_hvd.runner.errors import ConfigurationError, JobRefusedError, SettingError
 from airflow_provider_hvd.runner.jobs import attach
 from airflow_provider_hvd.runner.settings import RunOptions, takes_run_settings
 from airflow_provider_hvd.runner.spark import (
@@ -139,7 +140,7 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
         master = f"{master}:{conn.port}"
     if is_connect_url(master) or conn.conn_type == CONNECT_CONN_TYPE:
         server = urlparse(master if is_connect_url(master) else f"sc://{conn.host or ''}")
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} of type {conn.conn_type!r} points at a Spark Connect server "
             f"(sc://{server.netloc}); a Connect server belongs in a connection of type {CONNECT_CONN_TYPE!r}, e.g. "
             f"`airflow connections add {conn.conn_id} --conn-type {CONNECT_CONN_TYPE} --conn-host "
@@ -147,13 +148,13 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
         )
     extra = conn.extra_dejson
     if str(extra.get("deploy-mode", "client")).lower() == "cluster":
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} asks for deploy-mode 'cluster'; HorovodHook runs the Spark driver in "
             "the Airflow task (client mode). Remove the deploy-mode extra or set it to 'client'."
         )
     unknown = sorted(key for key in extra if not key.startswith("spark.") and key not in _KNOWN_EXTRAS)
     if unknown:
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} has extras that are neither Spark settings (spark.*) nor ones HorovodHook "
             f"knows: {', '.join(map(repr, unknown))}. Known: {', '.join(sorted(_KNOWN_EXTRAS))}; remove them, or "
             "give Spark settings their full name (e.g. spark.executor.memory)."
@@ -163,6 +164,11 @@ def master_from_connection(conn: Connection) -> tuple[str, dict[str, str]]:
     if extra.get("keytab"):
         conf[KEYTAB_CONF] = keytab_file(conn.conn_id, str(extra["keytab"]))
     return master, conf
+
+
+class ConnectionNotDefinedError(ConfigurationError, AirflowNotFoundException):
+    """The hook's connection is not defined: Airflow's own error for that, and a configuration error (a retry would
+    not find it either)."""
 
 
 def _listening(host: str, port: int) -> bool:
@@ -251,7 +257,7 @@ class HorovodHook(BaseHook):
             return self.get_connection(self.conn_id)
         except AirflowNotFoundException:
             runner = type(self._runner).__name__ if self._runner is not None else "HorovodRunner"
-            raise AirflowNotFoundException(
+            raise ConnectionNotDefinedError(
                 f"The Spark connection {self.conn_id!r} is not defined. Define it with the master {runner} "
                 f"should use, e.g. AIRFLOW_CONN_{self.conn_id.upper()}='spark://spark-master:7077' or "
                 f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\', '
@@ -359,7 +365,7 @@ class HorovodHook(BaseHook):
             for key, (wanted, have) in sorted(differing.items())
         )
         if any(key.startswith(_SETTINGS_THAT_MATTER) for key in differing):
-            raise LaunchError(f"{refusal}: {lines}. {fix}")
+            raise JobRefusedError(f"{refusal}: {lines}. {fix}")
         self.log.warning(warning, *warning_args, lines)
 
     def _check_master(self, master: str) -> None:
@@ -367,7 +373,7 @@ class HorovodHook(BaseHook):
         try:
             masters = standalone_masters(master)
         except ValueError as exc:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"Connection {self.conn_id!r} gives the Spark master URL {master!r}, which Spark cannot use: {exc}. "
                 "Give the port once: in the connection's Port field or in its Host."
             ) from None
@@ -540,7 +546,7 @@ class HorovodHook(BaseHook):
             raise RunCancelledError("the job was cancelled before its ranks started")
         target = self.connect_target()
         if target is None:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"Connection {self.conn_id!r} is a classic Spark one: a run on it has its driver in this process and "
                 f"cannot outlive it; a run that outlives the task needs a {CONNECT_CONN_TYPE} connection."
             )

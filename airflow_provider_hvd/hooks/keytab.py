@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from airflow_provider_hvd.runner.errors import SettingError
+
 KEYTAB_CONF = "spark.kerberos.keytab"  # what spark-submit's --keytab sets
 _PREFIX = "hvd-keytab-"
 
@@ -26,7 +28,7 @@ def keytab_file(conn_id: str, encoded: str) -> str:
     try:
         keytab = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn_id!r} has a keytab extra that is not base64: give the output of "
             "`base64 -w0 <your.keytab>`, as the apache-spark provider expects."
         ) from None

@@ -11,13 +11,14 @@ classic session can still start in the same process afterwards.
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from airflow_provider_hvd.runner.errors import LaunchError
+from airflow_provider_hvd.runner.errors import LaunchError, SettingError
 from airflow_provider_hvd.runner.spark import bound_release
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ CONN_TYPE = "spark_connect"
 DEFAULT_PORT = 15002  # pyspark's ChannelBuilder's, for a URL without one
 REACH_TIMEOUT_S = 5.0  # a server that does not accept a TCP connection by then is named, not retried by gRPC
 STOP_TIMEOUT_S = 5.0  # releasing the session on a server that is gone: not pyspark's 10 minutes of retries
-_CLASSIC_MASTERS = ("spark://", "yarn", "local", "k8s://", "mesos://")
+# Spark's own master URLs: a scheme, or one of its words exactly (a server named localhost or yarn-gateway is none)
+_CLASSIC_MASTER = re.compile(r"(?:spark|k8s|mesos)://.*|yarn|local(?:\[[^\]]*\])?|local-cluster\[[^\]]*\]")
 _EXTRAS = {"use_ssl", "history-server-url"}
 
 
@@ -38,8 +40,9 @@ def is_connect_url(master: str) -> bool:
 
 
 def is_classic_master(host: str) -> bool:
-    """``spark://``, ``yarn``, ``local[*]``, ``k8s://``, ``mesos://``: a master of a classic SparkContext."""
-    return host.startswith(_CLASSIC_MASTERS)
+    """``spark://...``, ``yarn``, ``local``, ``local[...]``, ``k8s://...``: a master of a classic SparkContext (not
+    ``localhost``, a host's name)."""
+    return _CLASSIC_MASTER.fullmatch(host) is not None
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,12 @@ def connect_target(conn: Connection) -> ConnectTarget:
 
     host = (conn.host or "").strip()
     if not host:
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} of type {CONN_TYPE} has no host: give the Spark Connect server's host "
             f"(e.g. connect-server, or sc://connect-server) and its port ({DEFAULT_PORT} by default)."
         )
     if is_classic_master(host):
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} is of type {CONN_TYPE} but its host {host!r} is a classic Spark master; "
             "a master URL (spark://, yarn, local[*], k8s://) belongs in a connection of type 'spark', e.g. "
             f"`airflow connections add {conn.conn_id} --conn-type spark --conn-host {host!r}`."
@@ -95,7 +98,7 @@ def connect_target(conn: Connection) -> ConnectTarget:
     extra = conn.extra_dejson
     unknown = sorted(key for key in extra if not key.startswith("spark.") and key not in _EXTRAS)
     if unknown:
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} ({CONN_TYPE}) has extras that are neither Spark settings (spark.*) nor "
             f"ones HorovodHook knows: {', '.join(map(repr, unknown))}. Known: {', '.join(sorted(_EXTRAS))}."
         )
@@ -107,7 +110,7 @@ def connect_target(conn: Connection) -> ConnectTarget:
     try:
         url = _ThisConnection(conn.conn_id).get_connection_url()
     except ValueError:
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} ({CONN_TYPE}) has a path in its host {host!r}; Spark Connect's URL is "
             "sc://host:port, with no path."
         ) from None
@@ -115,7 +118,7 @@ def connect_target(conn: Connection) -> ConnectTarget:
     try:
         channel = DefaultChannelBuilder(url)
     except PySparkValueError:  # its words hold the token
-        raise ValueError(
+        raise SettingError(
             f"Connection {conn.conn_id!r} ({CONN_TYPE}): Spark Connect cannot read the URL its login and password "
             "make (a '/' in them ends up in the URL's path); use a user id and token without '/'."
         ) from None

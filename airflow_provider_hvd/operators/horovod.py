@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import MlflowRunLink, SparkUILink, TrainingJobOperator
 from airflow_provider_hvd.runner import HorovodRunner
+from airflow_provider_hvd.runner.errors import SettingError
 from airflow_provider_hvd.runner.settings import takes_run_settings
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class HorovodRunnerOperator(TrainingJobOperator):
         try:
             return int(self.np) if isinstance(self.np, str) else self.np
         except ValueError:
-            raise ValueError(f"np rendered to {self.np!r}; it must be a non-zero int") from None
+            raise SettingError(f"np rendered to {self.np!r}; it must be a non-zero int") from None
 
     def runs_locally(self) -> bool:
         return self._np() < 0

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook
 from airflow_provider_hvd.operators.training_job import TrainingJobOperator
+from airflow_provider_hvd.runner.errors import SettingError
 from airflow_provider_hvd.runner.settings import PYSPARK_DEFAULTS, takes_run_settings
 
 if TYPE_CHECKING:
@@ -93,14 +94,14 @@ class TorchDistributorOperator(TrainingJobOperator):
     @staticmethod
     def _check_processes(num_processes: object) -> int:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
-            raise ValueError(f"num_processes must be a positive int, not {num_processes!r}")
+            raise SettingError(f"num_processes must be a positive int, not {num_processes!r}")
         return num_processes
 
     def _processes(self) -> int:
         try:
             value = int(self.num_processes) if isinstance(self.num_processes, str) else self.num_processes
         except ValueError:
-            raise ValueError(f"num_processes rendered to {self.num_processes!r}; it must be a positive int") from None
+            raise SettingError(f"num_processes rendered to {self.num_processes!r}; it must be a positive int") from None
         return self._check_processes(value)
 
     def runs_locally(self) -> bool:

@@ -14,8 +14,9 @@ holds the link while it trains). See docs/durable-runs.md.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +34,7 @@ from airflow_provider_hvd.operators.openlineage import (
     openlineage_properties,
 )
 from airflow_provider_hvd.runner import (
+    ConfigurationError,
     HorovodRunnerError,
     HostSlotError,
     Job,
@@ -40,6 +42,7 @@ from airflow_provider_hvd.runner import (
     RunCancelledError,
     RunDetachedError,
 )
+from airflow_provider_hvd.runner.errors import SettingError, SettingTypeError
 from airflow_provider_hvd.runner.settings import RunSettings, takes_run_settings, task_setting_names
 
 if TYPE_CHECKING:
@@ -206,7 +209,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
     def _check_dataframe_runs_on_spark(self, local: bool) -> None:
         """A ``dataframe=`` on a job that runs without Spark is refused (the rows come from its barrier tasks)."""
         if local and self._dataframe_recipe is not None:
-            raise ValueError(
+            raise SettingError(
                 f"Task {self.task_id!r}: dataframe= needs a job on Spark, whose barrier tasks bring each rank its "
                 f"rows, and this one runs on the worker's processes without Spark: {self.local_fix()} (on a "
                 "local[*] master to stay on this host)"
@@ -230,7 +233,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         df = self.dataframe_factory(spark)
         if not isinstance(df, DataFrame):
             name = getattr(self.dataframe_factory, "__name__", repr(self.dataframe_factory))
-            raise TypeError(
+            raise SettingTypeError(
                 f"Task {self.task_id!r}: dataframe={name} returned a {type(df).__name__}, not a Spark DataFrame: "
                 "return one made in the session it receives (spark.table(...), spark.sql(...), spark.range(...))"
             )
@@ -245,7 +248,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         }
         unshippable = sorted(name for name in wanted if not isinstance(context[name], _SHIPPABLE))  # type: ignore[literal-required]
         if unshippable:
-            raise TypeError(
+            raise SettingTypeError(
                 f"{self.python_callable.__name__}() asks for the context value(s) {unshippable}, which cannot be "
                 f"sent to {self.kind} ranks on other machines; pass what you need through op_kwargs templates "
                 "instead, e.g. op_kwargs={'run_id': '{{ run_id }}'}"
@@ -253,6 +256,23 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         return {name: context[name] for name in wanted}  # type: ignore[literal-required]
 
     def execute(self, context: Context) -> Any:
+        with self._no_retry_for_configuration_errors():
+            return self._execute(context)
+
+    @contextlib.contextmanager
+    def _no_retry_for_configuration_errors(self) -> Iterator[None]:
+        """A configuration error (the runner's :class:`ConfigurationError`: a refused setting or argument, a bad or
+        missing connection, a job that can never fit the cluster) fails the task without its retries: each would
+        be refused alike. Fix it, then clear the task."""
+        try:
+            yield
+        except ConfigurationError as exc:
+            raise AirflowFailException(
+                f"{type(exc).__name__}: {exc}\nTask {self.task_id!r} fails without its retries: no retry can fix "
+                "this (its settings, its connection or the cluster refuse it); fix it, then clear the task."
+            ) from None
+
+    def _execute(self, context: Context) -> Any:
         # the hook first, before anything that takes time (OpenLineage's settings, the task state store, the
         # Spark session): an on_kill() from now on cancels its job, which then ends before its ranks start
         self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
@@ -326,7 +346,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         else:
             return True
         if self.deferrable:
-            raise AirflowException(
+            raise AirflowFailException(
                 f"Task {self.task_id!r}: deferrable=True needs a run that outlives the task, and {why_not}: use a "
                 "spark_connect connection, or deferrable=False."
             )
@@ -456,7 +476,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             try:
                 job_id = self.submit_job(context)
             except HostSlotError as exc:
-                raise AirflowException(
+                raise AirflowFailException(
                     f"Task {self.task_id!r}: deferrable=True needs a run that outlives the task, and {exc.reason}: "
                     "give the server one more task slot, or deferrable=False."
                 ) from None
@@ -481,6 +501,10 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Back on a worker once the run ended: its outcome (rank 0's value, or its error) from its host."""
+        with self._no_retry_for_configuration_errors():
+            return self._complete(context, event)
+
+    def _complete(self, context: Context, event: dict[str, Any]) -> Any:
         self._resumed(context)
         job_id = event["job_id"]
         assert self._hook is not None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     CauseKind,
+    ConfigurationError,
     HorovodRunnerError,
     HostSlotError,
     JobNotFoundError,
@@ -46,6 +47,7 @@ _LAZY = {
 
 __all__ = [
     "CauseKind",
+    "ConfigurationError",
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",

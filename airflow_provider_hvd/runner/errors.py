@@ -43,7 +43,28 @@ class LaunchError(HorovodRunnerError):
     cause_kind: CauseKind | None = CauseKind.LAUNCH
 
 
-class HostSlotError(LaunchError):
+class ConfigurationError(Exception):
+    """Mixed into the errors that no retry can fix: the run's settings, its connection, or a cluster that can never
+    hold it refuse the run before anything starts, and would again. ``isinstance(exc, ConfigurationError)`` tells
+    (the Airflow operators fail the task at once then, without its retries); the error is also the ``ValueError``,
+    ``TypeError`` or :class:`LaunchError` it always was."""
+
+
+class SettingError(ConfigurationError, ValueError):
+    """A run setting, an argument or a connection has a value the run refuses."""
+
+
+class SettingTypeError(ConfigurationError, TypeError):
+    """A run setting or an argument is of a type the run cannot take (a callable that is not one, a value that
+    cannot travel to the ranks)."""
+
+
+class JobRefusedError(ConfigurationError, LaunchError):
+    """The job was refused before anything started, and would be again as it is: more task slots than the cluster
+    can ever have, a setting the cluster holds otherwise, a job too large to send."""
+
+
+class HostSlotError(JobRefusedError):
     """A submitted run's ranks fit the cluster, but not with the task slot its host holds beside them for the
     whole run; ``run()``, whose supervisor is the calling process, needs no such slot. ``reason`` is what does not
     fit, without the advice (a caller that runs the job otherwise says its own)."""

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
+from .errors import SettingError
+
 INSTALL_HINT = "pip install 'airflow-provider-hvd[mlflow]'"
 MAPPING_KEYS = ("tracking_uri", "experiment_name", "run_name", "tags")
 
@@ -78,17 +80,17 @@ def mlflow_settings(value: bool | Mapping[str, Any] | MlflowSettings | None) -> 
     if isinstance(value, Mapping):
         unknown = sorted(str(key) for key in value if key not in MAPPING_KEYS)
         if unknown:
-            raise ValueError(f"mlflow: unknown key(s) {unknown}; the known ones are {list(MAPPING_KEYS)}")
+            raise SettingError(f"mlflow: unknown key(s) {unknown}; the known ones are {list(MAPPING_KEYS)}")
         tags = value.get("tags") or {}
         if not isinstance(tags, Mapping):
-            raise ValueError(f"mlflow: 'tags' must be a mapping of names to values, not {type(tags).__name__}")
+            raise SettingError(f"mlflow: 'tags' must be a mapping of names to values, not {type(tags).__name__}")
         return MlflowSettings(
             tracking_uri=_optional_str(value, "tracking_uri"),
             experiment_name=_optional_str(value, "experiment_name"),
             run_name=_optional_str(value, "run_name"),
             tags={str(key): str(tag) for key, tag in tags.items()},
         )
-    raise ValueError(
+    raise SettingError(
         f"mlflow must be True/False/None, a mapping with keys among {list(MAPPING_KEYS)}, or MlflowSettings, "
         f"not {type(value).__name__}"
     )
@@ -103,7 +105,7 @@ def mlflow_option(value: object) -> dict[str, Any] | None:
     if value is True:
         return {}
     if not isinstance(value, Mapping):
-        raise ValueError(
+        raise SettingError(
             f"mlflow must be True, a dict with keys among {list(MAPPING_KEYS)}, or None, not "
             f"{type(value).__name__} {value!r}: e.g. mlflow={{'tracking_uri': 'http://mlflow:5000', "
             "'experiment_name': 'vision'}"
@@ -115,7 +117,7 @@ def mlflow_option(value: object) -> dict[str, Any] | None:
 def _optional_str(value: Mapping[str, Any], key: str) -> str | None:
     given = value.get(key)
     if given is not None and not isinstance(given, str):
-        raise ValueError(f"mlflow: {key!r} must be a str or None, not {type(given).__name__}")
+        raise SettingError(f"mlflow: {key!r} must be a str or None, not {type(given).__name__}")
     return given
 
 

@@ -19,7 +19,7 @@ from .driver.restarts.policy import RestartPolicy
 from .driver.tracking.mlflow_run import MlflowRun, resolved_tracking_uri, start_mlflow_run
 from .driver.tracking.progress import RunProgress
 from .driver.watch.channel import rank_logs_visible
-from .errors import LaunchError, RunCancelledError
+from .errors import JobRefusedError, RunCancelledError, SettingError, SettingTypeError
 from .mlflow_settings import MlflowSettings, auth_env, import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
 from .shared.liveness import Liveness, liveness_settings, warn_if_gloo_first
@@ -66,7 +66,7 @@ def check_dataframe(df: Any, naming: RunnerNaming, method: str) -> None:
     from pyspark.sql import DataFrame  # (Spark Connect's DataFrame is one too)
 
     if not isinstance(df, DataFrame):
-        raise TypeError(
+        raise SettingTypeError(
             f"{naming.runner}.{method} takes a Spark DataFrame (of the session the run uses), not "
             f"{type(df).__name__}: make one with spark.table(...), spark.read..., or spark.createDataFrame(...)"
         )
@@ -287,7 +287,7 @@ class _Runner:
         runner = self.naming.runner
         spark, per_task, use_gpus = self._spark_launch()
         if not is_connect(spark):
-            raise LaunchError(
+            raise JobRefusedError(
                 f"{runner}.submit() needs a Spark Connect session (SparkSession.builder.remote('sc://...')): on "
                 "classic Spark this process is the run's driver and the run cannot outlive it, so use run() here, "
                 "or a Spark Connect server (YARN/Kubernetes cluster mode is a design: docs/durable-runs.md)."
@@ -373,11 +373,11 @@ class _Runner:
 def check_fits(main: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """TypeError unless ``main`` is callable and ``main(*args, **kwargs)`` fits its signature."""
     if not callable(main):
-        raise TypeError(f"main must be callable, not {type(main).__name__}")
+        raise SettingTypeError(f"main must be callable, not {type(main).__name__}")
     try:
         inspect.signature(main).bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"the arguments do not fit {getattr(main, '__name__', main)!r}: {exc}") from None
+        raise SettingTypeError(f"the arguments do not fit {getattr(main, '__name__', main)!r}: {exc}") from None
     except ValueError:
         pass  # no signature to check (some builtins)
 
@@ -403,9 +403,11 @@ class HorovodRunner(_Runner):
     @takes_run_settings()
     def __init__(self, *, np: int, **settings: Unpack[RunOptions]) -> None:
         if isinstance(np, bool) or not isinstance(np, int):
-            raise ValueError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
+            raise SettingError(f"np must be a non-zero int, not {np!r} ({type(np).__name__})")
         if np == 0:
-            raise ValueError("np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks")
+            raise SettingError(
+                "np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks"
+            )
         self._settings(RunSettings.from_kwargs(settings, "HorovodRunner"))
         self.num_processor = np
 
@@ -436,7 +438,7 @@ class HorovodRunner(_Runner):
         """
         check_dataframe(df, self.naming, "run_on_dataframe")
         if self.num_processor < 0:
-            raise ValueError(
+            raise SettingError(
                 f"HorovodRunner(np={self.num_processor}).run_on_dataframe runs on Spark, whose barrier tasks bring "
                 f"each rank its rows: use np={-self.num_processor} (np>0), on a local[*] session to stay on this host"
             )
@@ -469,7 +471,7 @@ class HorovodRunner(_Runner):
 
     def _spark_launch(self) -> tuple[SparkSession, int, bool]:
         if self.num_processor < 0:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"{self.naming.runner}(np={self.num_processor}).submit(): a local run lives in this process and "
                 "cannot outlive it; use run(), or np > 0 on a Spark Connect session."
             )

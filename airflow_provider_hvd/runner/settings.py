@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypedDict, TypeVar
 
+from .errors import SettingError, SettingTypeError
 from .mlflow_settings import MlflowSettings, mlflow_option, mlflow_settings
 from .rank.progress import RESERVED_INFO
 from .shared.timing import (
@@ -66,14 +67,14 @@ def describe_checkpoint(record: Mapping[str, Any]) -> str:
 
 def check_verbosity(driver_log_verbosity: object) -> str:
     if driver_log_verbosity not in VERBOSITIES:
-        raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
+        raise SettingError(f"driver_log_verbosity must be one of {VERBOSITIES}, not {driver_log_verbosity!r}")
     return str(driver_log_verbosity)
 
 
 def check_slot_wait_timeout(seconds: object) -> float:
     """``seconds`` as a float, or ValueError when it is not a number of seconds >= 0."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
-        raise ValueError(f"slot_wait_timeout must be a number of seconds >= 0, not {seconds!r}")
+        raise SettingError(f"slot_wait_timeout must be a number of seconds >= 0, not {seconds!r}")
     return float(seconds)
 
 
@@ -83,7 +84,7 @@ def check_stall_timeout(stall_timeout: object) -> float | None:
         return None
     seconds = stall_timeout.total_seconds() if isinstance(stall_timeout, timedelta) else stall_timeout
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ValueError(
+        raise SettingError(
             f"stall_timeout must be a positive number of seconds (or a timedelta), or None to turn stall detection "
             f"off, not {stall_timeout!r}"
         )
@@ -95,7 +96,7 @@ def _positive_seconds(value: object, name: str, what: str) -> float:
     anything but a positive, finite number of seconds."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-        raise ValueError(f"{name} must be a positive number of seconds (or a timedelta): {what}; not {value!r}")
+        raise SettingError(f"{name} must be a positive number of seconds (or a timedelta): {what}; not {value!r}")
     return float(seconds)
 
 
@@ -170,7 +171,7 @@ def resume_value(resume_from: object) -> dict[str, Any] | None:
     if isinstance(resume_from, str):
         resume_from = {"path": resume_from}
     if not isinstance(resume_from, Mapping) or not isinstance(resume_from.get("path"), str):
-        raise TypeError(
+        raise SettingTypeError(
             "resume_from must be None, a checkpoint's path, or a dict with a 'path' (e.g. a runner's .checkpoint), "
             f"not {resume_from!r}"
         )
@@ -178,7 +179,7 @@ def resume_value(resume_from: object) -> dict[str, Any] | None:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"resume_from must be JSON data (it travels to every rank): {exc}") from None
+        raise SettingTypeError(f"resume_from must be JSON data (it travels to every rank): {exc}") from None
     return value
 
 
@@ -293,7 +294,7 @@ class RunSettings:
         fields = {field.name: field for field in dataclasses.fields(cls)}
         unknown = next((name for name in given if name not in fields), None)
         if unknown is not None:
-            raise TypeError(f"{owner}() got an unexpected keyword argument {unknown!r}")
+            raise SettingTypeError(f"{owner}() got an unexpected keyword argument {unknown!r}")
         values = {**defaults, **given}
         return cls(**{name: fields[name].metadata["check"](value) for name, value in values.items()})
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.capacity import TASK_GPUS
 from .driver.launch.spark.cluster import existing_session, is_connect, session_conf
-from .errors import LaunchError
+from .errors import JobRefusedError, SettingError
 from .rank.script import run_script
 from .runner import _Runner, check_dataframe, check_fits
 from .settings import PYSPARK_DEFAULTS, RunOptions, RunSettings, takes_run_settings
@@ -41,13 +41,13 @@ def _read_script(path: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise ValueError(f"train_object {path!r} is not a readable Python file: {exc}") from exc
+        raise SettingError(f"train_object {path!r} is not a readable Python file: {exc}") from exc
 
 
 def _script_args(train_object: str | os.PathLike[str], args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """``run_script``'s arguments for a Python file: its absolute path, its content, ``str()`` of each arg."""
     if kwargs:
-        raise ValueError("Running pytorch file does not support key-word type arguments.")
+        raise SettingError("Running pytorch file does not support key-word type arguments.")
     path = os.fspath(train_object)
     return (os.path.abspath(path), _read_script(path), [str(arg) for arg in args])
 
@@ -95,7 +95,7 @@ class TorchDistributor(_Runner):
         **settings: Unpack[RunOptions],
     ) -> None:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
-            raise ValueError(f"num_processes has to be a positive integer, not {num_processes!r}")
+            raise SettingError(f"num_processes has to be a positive integer, not {num_processes!r}")
         self._settings(RunSettings.from_kwargs(settings, "TorchDistributor", **PYSPARK_DEFAULTS))
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
@@ -159,7 +159,7 @@ class TorchDistributor(_Runner):
         """
         check_dataframe(df, self.naming, "train_on_dataframe")
         if self.local_mode:
-            raise ValueError(
+            raise SettingError(
                 "TorchDistributor.train_on_dataframe requires setting TorchDistributor.local_mode to False: the "
                 f"rows come from a Spark barrier job's tasks. Use TorchDistributor(num_processes={self.num_processes}"
                 ", local_mode=False), on a local[*] session to stay on this host."
@@ -195,7 +195,7 @@ class TorchDistributor(_Runner):
 
     def _spark_launch(self) -> tuple[SparkSession, int, bool]:
         if self.local_mode:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"{self.naming.runner}(local_mode=True).submit(): a local run lives in this process and cannot "
                 "outlive it; use run(), or local_mode=False on a Spark Connect session."
             )
@@ -229,7 +229,7 @@ class TorchDistributor(_Runner):
         if spark is None:
             gpus, found_by = host_gpus()
             if not gpus:
-                raise LaunchError(
+                raise JobRefusedError(
                     f"{self.naming.runner}(use_gpu=True, local_mode=True) gives each process a GPU of this host, and "
                     f"it has none ({found_by}). Pass use_gpu=False to train on the CPU."
                 )
@@ -241,14 +241,14 @@ class TorchDistributor(_Runner):
         )
         connect = is_connect(spark)
         if not connect and GPU not in spark.sparkContext.resources:
-            raise LaunchError("GPUs were unable to be found on the driver." + fix)
+            raise JobRefusedError("GPUs were unable to be found on the driver." + fix)
         amount = session_conf(spark)(DRIVER_GPUS)
         try:
             available = int(amount or "0")
         except ValueError:
             available = 0
         if available <= 0:
-            raise LaunchError("GPU resources were not configured properly on the driver." + fix)
+            raise JobRefusedError("GPU resources were not configured properly on the driver." + fix)
         if connect:
             gpus, found_by = host_gpus()
             return (gpus, f"{found_by}; the server's {DRIVER_GPUS}={amount}"), available
@@ -260,18 +260,18 @@ class TorchDistributor(_Runner):
         try:
             per_task = int(amount or "0")
         except ValueError:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"'{TASK_GPUS}' was {amount!r}, so gpu usage is unavailable: {self.naming.runner} runs a whole "
                 f"number of processes in each task, one GPU each: set it to a whole number (e.g. 1), or pass "
                 "use_gpu=False."
             ) from None
         if per_task < 1:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"'{TASK_GPUS}' was unset, so gpu usage is unavailable. Set it to the GPUs each task gets (a whole "
                 "number, e.g. 1, with spark.executor.resource.gpu.amount), or pass use_gpu=False."
             )
         if self.num_processes % per_task:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"{self.naming.runner} 'num_processes' value ({self.num_processes}) must be a multiple of "
                 f"'{TASK_GPUS}' ({per_task}) value. Each task runs {per_task} processes, one GPU each."
             )

@@ -56,11 +56,38 @@ with DAG("torch_on_spark_connect", schedule=None, start_date=START, catchup=Fals
 
 
 with DAG("hvd_task_on_a_server_of_np_slots", schedule=None, start_date=START, catchup=False):
-    # np=2 on a server of 2 task slots (tests/test_connect_airflow.py: connect_local, local[2]): the ranks fit, the
-    # host of a run that outlives the task does not beside them, so the task runs as it did before durable runs
+    # np=2 on a server of 2 task slots (tests/test_connect_airflow.py: connect_local, local[*] on 2 cores): the
+    # ranks fit, the host of a run that outlives the task does not beside them, so the task runs as it did before
+    # durable runs
 
     @task.horovod(np=2, conn_id="spark_connect_default")
     def sum_over_connect() -> dict:
         return allreduce_over_connect()
 
     sum_over_connect()
+
+
+with DAG(
+    "hvd_configuration_errors",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={"np": "two"},
+    # the example DAGs' retries: a configuration error must not wait 2 x 5 minutes for retries refused alike
+    default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=5)},
+):
+    # tests/test_connect_airflow.py runs this with `airflow dags test`: spark_connect_default is the local server
+    # as a URI to localhost (the connection guide's form), spark_connect_classic a master in a spark_connect one
+    HorovodRunnerOperator(
+        task_id="on_localhost", python_callable=allreduce_over_connect, np=2, conn_id="spark_connect_default"
+    )
+    HorovodRunnerOperator(  # the server has 2 task slots
+        task_id="never_fits", python_callable=allreduce_over_connect, np=3, conn_id="spark_connect_default"
+    )
+    HorovodRunnerOperator(
+        task_id="classic_master", python_callable=allreduce_over_connect, np=2, conn_id="spark_connect_classic"
+    )
+    HorovodRunnerOperator(task_id="no_connection", python_callable=allreduce_over_connect, np=2, conn_id="nowhere")
+    HorovodRunnerOperator(  # rendered when the task runs
+        task_id="bad_np", python_callable=allreduce_over_connect, np="{{ params.np }}", conn_id="spark_connect_default"
+    )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HorovodRunnerError, LaunchError
+from ..errors import HorovodRunnerError, LaunchError, SettingError, SettingTypeError
 from ..shared.naming import RunnerNaming
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class DataFrameRecipe:
 
         where = f"{naming.runner}.{method}"
         if isinstance(recipe, DataFrame):
-            raise TypeError(
+            raise SettingTypeError(
                 f"{where} takes the DataFrame's recipe, not a DataFrame: the run's host builds the DataFrame inside "
                 "the cluster, in a Spark session of its own, where a DataFrame of this session cannot be used. "
                 "Pass its SQL (a string), or a callable that receives a SparkSession and returns the DataFrame "
@@ -54,12 +54,12 @@ class DataFrameRecipe:
             )
         if isinstance(recipe, str):
             if not recipe.strip():
-                raise ValueError(f"{where}: the DataFrame's SQL is empty")
+                raise SettingError(f"{where}: the DataFrame's SQL is empty")
             return cls(sql=recipe)
         if callable(recipe):
             name = getattr(recipe, "__qualname__", None) or getattr(recipe, "__name__", None) or repr(recipe)
             return cls(factory=dumps_callable(recipe, "the DataFrame's callable"), name=name)
-        raise TypeError(
+        raise SettingTypeError(
             f"{where} takes the DataFrame's SQL (a string) or a callable that receives a SparkSession and returns "
             f"the DataFrame, not {type(recipe).__name__}"
         )
@@ -87,7 +87,7 @@ class DataFrameRecipe:
         except Exception as exc:
             raise _CallableFailed() from exc
         if not isinstance(made, DataFrame):
-            raise TypeError(
+            raise SettingTypeError(
                 f"{self.name}(spark) returned a {type(made).__name__}, not a Spark DataFrame: return one made in the "
                 "session it receives (spark.table(...), spark.sql(...), spark.range(...))"
             )

@@ -57,6 +57,7 @@ _OUTCOME_WAKE_S = 0.2
 _FAILURE_POLL_S = 0.25
 _RELEASE_CALL_S = 10.0
 SCHEMA = "ended string"  # the operation's one row
+HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 
 
 @dataclass(frozen=True)
@@ -419,6 +420,7 @@ class Host:
             per_task=spec.per_task,
             use_gpus=spec.use_gpus,
             naming=spec.naming,
+            run_host_slots=HOST_SLOTS,  # this task's own: its ranks wait for slots beside it
         )
         if previous is not None:
             launcher.shard_plan = previous.shard_plan

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LaunchError, RunCancelledError
 from ..shared.timing import HOST_START_TIMEOUT_S, SESSION_KEEPALIVE_S
-from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
+from .host import HOST_SLOTS, SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
 from .link import LINK_CONF, HostGone, LinkAddress, published
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 _LINK_POLL_S = 0.25
 _OPERATION_END_WAIT_S = 2.0  # a released session's operation fails at once: its error may name the cause
-HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 
 
 class _Operation:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..errors import LaunchError
+from ..errors import JobRefusedError, SettingError
 from .naming import HOROVOD_RUNNER
 from .timing import GLOO_DEFAULT_TIMEOUT_S, MIN_BEATS_PER_TIMEOUT
 from .timing import HEARTBEAT_INTERVAL_S as DEFAULT_INTERVAL_S
@@ -45,7 +45,9 @@ def parse_seconds(value: str, setting: str) -> float:
     match = _TIME.fullmatch(value)
     seconds = float(match.group(1)) * _SCALE[(match.group(2) or "").lower() or None] if match else math.nan
     if not seconds > 0:
-        raise LaunchError(f"{setting}={value!r} is not a duration: give seconds (e.g. 10, 10s or 500ms), more than 0.")
+        raise JobRefusedError(
+            f"{setting}={value!r} is not a duration: give seconds (e.g. 10, 10s or 500ms), more than 0."
+        )
     return seconds
 
 
@@ -64,14 +66,14 @@ def liveness_settings(
     ):
         if given is not None:
             if isinstance(given, bool) or not isinstance(given, int | float) or not given > 0:
-                raise ValueError(f"heartbeat_{name} must be a number of seconds > 0, not {given!r}")
+                raise SettingError(f"heartbeat_{name} must be a number of seconds > 0, not {given!r}")
             values[name] = float(given)
             continue
         text = conf(setting)
         values[name] = parse_seconds(text, setting) if text is not None and text.strip() else default
     liveness = Liveness(**values)
     if liveness.timeout_s < MIN_BEATS_PER_TIMEOUT * liveness.interval_s:
-        raise LaunchError(
+        raise JobRefusedError(
             f"the heartbeat timeout ({liveness.timeout_s:g}s, {TIMEOUT_CONF} or {runner}.heartbeat_timeout_s) "
             f"must be at least {MIN_BEATS_PER_TIMEOUT} heartbeat intervals ({liveness.interval_s:g}s, {INTERVAL_CONF} "
             f"or {runner}.heartbeat_interval_s): raise the timeout or shorten the interval."

@@ -25,6 +25,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..errors import SettingTypeError
 from . import code_source, wire
 from .naming import HOROVOD_RUNNER
 from .pickling_report import (
@@ -197,7 +198,7 @@ def dumps_callable(fn: Callable[..., Any], what: str) -> bytes:
         except MemoryError:
             raise
         except Exception as exc:
-            raise TypeError(
+            raise SettingTypeError(
                 f"{what}, {getattr(fn, '__qualname__', type_name(fn))}, cannot be pickled to travel to the run's "
                 f"host ({type(exc).__name__}: {exc}); build what it needs inside it"
             ) from exc

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ...errors import LaunchError
+from ...errors import JobRefusedError, LaunchError
 from ...shared.naming import HOROVOD_RUNNER, TORCH_DISTRIBUTOR, RunnerNaming
 
 LOOPBACK = "127.0.0.1"
@@ -80,7 +80,7 @@ class DriverAddress:
                     f"port, or set {listener.port_setting}=0 (any free port)."
                 ) from exc
             settings = ", ".join(filter(None, [self.address_settings, setting if port else ""]))
-            raise LaunchError(
+            raise JobRefusedError(
                 where
                 + (f" ({settings})" if settings else "")
                 + f": {exc.strerror or exc}. Listen on an address of this host ({self.bind_setting}), on a port "
@@ -144,7 +144,7 @@ def parse_port(conf: Callable[[str], str | None], setting: str) -> int:
     except ValueError:
         port = -1
     if not 0 <= port <= _MAX_PORT:
-        raise LaunchError(
+        raise JobRefusedError(
             f"{setting}={value!r} is not a port: give an int from 1 to {_MAX_PORT}, or 0 (the default) for any "
             "free port."
         )
@@ -154,7 +154,7 @@ def parse_port(conf: Callable[[str], str | None], setting: str) -> int:
 def _ports(conf: Callable[[str], str | None], naming: RunnerNaming) -> tuple[int, int]:
     channel, rendezvous = parse_port(conf, CHANNEL_PORT_CONF), parse_port(conf, RENDEZVOUS_PORT_CONF)
     if channel and channel == rendezvous:
-        raise LaunchError(
+        raise JobRefusedError(
             f"{CHANNEL_PORT_CONF} and {RENDEZVOUS_PORT_CONF} are both {channel}: the driver channel and the "
             f"{naming.rendezvous} need a port each."
         )

@@ -10,7 +10,7 @@ import os
 import threading
 
 from ...agent.agent import AgentArgs, run_agent
-from ...errors import LaunchError
+from ...errors import JobRefusedError
 from ...shared.gpus import GPU, host_gpus
 from ...shared.messages import Hello
 from ...shared.naming import HOROVOD_RUNNER, RunnerNaming
@@ -46,7 +46,7 @@ class LocalLauncher:
         """One GPU per rank on a host with GPUs; the cores may be oversubscribed, as sparkdl's are."""
         if self.gpus and self.size > len(self.gpus):
             fewer = self.naming.local_args(len(self.gpus))
-            raise LaunchError(
+            raise JobRefusedError(
                 f"{self.naming.local_call(self.size)} runs {self.size} ranks on this host, one GPU each, but it has "
                 f"{len(self.gpus)} GPU(s) ({self._gpus_from}). Use {fewer} or fewer, or a Spark cluster "
                 f"({self.naming.on_spark})."

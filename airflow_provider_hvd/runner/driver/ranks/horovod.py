@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-from ...errors import LaunchError
+from ...errors import JobRefusedError
 from ...shared.horovod_env import KIND, forwarded_settings, slot_env
 from ..launch.address import RENDEZVOUS, DriverAddress, address_family
 from .plan import Slot, plan_by_node
@@ -128,7 +128,7 @@ class HorovodKind:
 
     def open(self, driver: DriverAddress) -> str:
         if address_family(driver.advertised) == socket.AF_INET6:
-            raise LaunchError(
+            raise JobRefusedError(
                 f"Horovod's ranks cannot reach the driver at {driver.advertised} "
                 f"({driver.address_settings or 'loopback'}): Horovod's Gloo rendezvous takes IPv4 only (its ranks' "
                 f"HTTP client). Set {driver.host_setting} to an IPv4 address of this host that the executors reach "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ...errors import LaunchError
+from ...errors import JobRefusedError
 
 if TYPE_CHECKING:
     from ...shared.messages import Hello
@@ -50,7 +50,7 @@ def horovod_kind() -> RankKind:
         from .horovod import HorovodKind
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] == "horovod":
-            raise LaunchError(HOROVOD_MISSING) from exc
+            raise JobRefusedError(HOROVOD_MISSING) from exc
         raise
     return HorovodKind()
 
@@ -60,5 +60,5 @@ def torch_kind() -> RankKind:
     try:
         from .torch import TorchKind
     except ModuleNotFoundError as exc:
-        raise LaunchError(TORCH_MISSING) from exc
+        raise JobRefusedError(TORCH_MISSING) from exc
     return TorchKind()

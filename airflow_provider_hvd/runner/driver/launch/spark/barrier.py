@@ -59,11 +59,14 @@ _TASKS_END_POLL_S = 0.2  # the job has ended, its tasks are ending (a killed tas
 EXECUTOR_CUDA_DEVICES = "spark.executorEnv.CUDA_VISIBLE_DEVICES"  # the executors' GPUs, set on purpose
 
 
-def spark_app(spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> SparkApp:
+def spark_app(
+    spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER, run_host_slots: int = 0
+) -> SparkApp:
     """The application of ``spark``: a Spark Connect session's, or a classic session's SparkContext; its texts
-    name the runner as ``naming`` says."""
+    name the runner as ``naming`` says. ``run_host_slots``: those a submitted run's host (this process) holds on
+    it (a Connect server's) beside its ranks'."""
     if is_connect(spark):
-        return ConnectApp(spark, tag, naming)  # type: ignore[arg-type]  # (is_connect: it is one)
+        return ConnectApp(spark, tag, naming, run_host_slots)  # type: ignore[arg-type]  # (is_connect: it is one)
     return ClassicApp(spark.sparkContext, tag, naming)
 
 
@@ -162,10 +165,11 @@ class SparkLauncher:
         use_gpus: bool = True,
         naming: RunnerNaming = HOROVOD_RUNNER,
         dataframe: DataFrame | None = None,
+        run_host_slots: int = 0,
     ) -> None:
         self.naming = dataclasses.replace(naming, per_task=per_task)  # (its texts count the ranks of a task)
         self.group = f"{naming.job_group}-{uuid.uuid4().hex[:12]}"
-        self.app = spark_app(spark, self.group, self.naming)
+        self.app = spark_app(spark, self.group, self.naming, run_host_slots)
         self.cancelled = cancelled
         self.spark = spark
         self.shard_plan: ShardPlan | None = None  # a run on a DataFrame's (:meth:`plan`)

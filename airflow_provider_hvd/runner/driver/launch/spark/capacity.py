@@ -10,6 +10,7 @@ application's slots are its SparkContext's; a Spark Connect server's are counted
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ....errors import HostSlotError, LaunchError, RunCancelledError
+from ....errors import HostSlotError, JobRefusedError, LaunchError, RunCancelledError
 from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .cluster import MASTER_WEB_UI_CONF, is_local, state_of
@@ -49,8 +50,16 @@ def busy_slots(sc: SparkContext) -> int:
     return sum(stage.numActiveTasks for stage in stages if stage is not None)
 
 
-def _busy_note(busy: int) -> str:
-    return f", {busy} of them busy with its other jobs" if busy else ""
+def _busy_note(busy: int, host: int = 0) -> str:
+    """What holds the ``busy`` slots: the application's other jobs, and ``host`` of them this run's own host (a
+    submitted run's host waiting for its ranks' slots holds one itself)."""
+    if not busy:
+        return ""
+    host = min(host, busy)
+    if not host:
+        return f", {busy} of them busy with its other jobs"
+    others = f" and {busy - host} with its other jobs" if busy > host else ""
+    return f", {busy} of them busy: {host} with this run's own host{others}"
 
 
 _SIZE_SCALES = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
@@ -114,7 +123,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
 def refuse_dynamic_allocation(conf: Callable[[str], str | None], size: int) -> None:
     """Spark refuses barrier jobs under dynamic allocation: say so before anything starts."""
     if (conf("spark.dynamicAllocation.enabled") or "false").lower() == "true":
-        raise LaunchError(
+        raise JobRefusedError(
             "Spark refuses barrier jobs under dynamic allocation: set spark.dynamicAllocation.enabled=false "
             f"and spark.executor.instances so that the cluster holds {size} task slots."
         )
@@ -190,7 +199,7 @@ def never_fits_error(
     state: dict[str, Any] | None,
     naming: RunnerNaming = HOROVOD_RUNNER,
     host: int = 0,
-) -> LaunchError:
+) -> JobRefusedError:
     """The refusal of a job of ``size`` tasks on a cluster of at most ``total`` slots; ``host``: the slots a
     submitted run's host holds beside them (named apart: the user's ``np`` is the ranks')."""
     task_cpus = conf.get("spark.task.cpus") or 1
@@ -207,7 +216,7 @@ def never_fits_error(
             if total > host
             else f"Use run(), which needs no slot for a host, with {naming.size} at most {total * naming.per_task}"
         )
-    return LaunchError(
+    return JobRefusedError(
         f"{needs} (a barrier job starts all its tasks together), but the cluster at {master} has {total} at most "
         f"(spark.task.cpus={task_cpus}).{limits_note(state, conf, size + host)}"
         f" {lower}, give the cluster more executors or cores (spark.executor.instances, "
@@ -241,12 +250,16 @@ _CAPACITY_CONFS = (
 )
 
 
-def local_slots(master: str, task_cpus: int) -> int | None:
-    """A local master's task slots (``local``: 1, ``local[4]``: 4); None for ``local[*]`` (another host's cores)."""
-    match = re.fullmatch(r"local(?:\[(\d+)(?:,\d+)?\])?", master)
+def local_slots(master: str, task_cpus: int, cores: int | None = None) -> int | None:
+    """A local master's task slots (``local``: 1, ``local[4]``: 4, ``local[*]``: its JVM's ``cores``); None where
+    that is not known."""
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
     if match is None:
         return None
-    return int(match.group(1) or 1) // task_cpus
+    threads = match.group(1) or "1"
+    if threads == "*":
+        return None if cores is None else cores // task_cpus
+    return int(threads) // task_cpus
 
 
 def capacity_settings(conf: Callable[[str], str | None]) -> dict[str, str]:
@@ -267,6 +280,15 @@ class SlotCount:
         self.where = where  # where the job runs, for the texts: "on local[2]", "over Spark Connect sc://h:p (...)"
         self.settings = capacity_settings(conf)
         self.host_slots = 0  # the slots a submitted run's host holds beside its ranks' (durable/submit.py)
+        self.host_running = False  # the wait is that host's own, for its ranks: its slots are among the busy ones
+
+    def needed(self, size: int) -> int:
+        """The free slots a job of ``size`` tasks waits for: its host's too, unless the host holds them already."""
+        return size if self.host_running else size + self.host_slots
+
+    def local_cores(self) -> int | None:
+        """The cores of a ``local[*]`` application's JVM, where they can be known (None here)."""
+        return None
 
     def now(self) -> tuple[int, int]:
         """The application's task slots, and how many of them its running tasks hold."""
@@ -282,7 +304,8 @@ class SlotCount:
     def at_most(self) -> int | None:
         """The most task slots the application could ever have, or None where that cannot be known (YARN, k8s)."""
         if is_local(self.master):
-            return local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
+            task_cpus = int(self.settings.get("spark.task.cpus") or 1)
+            return local_slots(self.master, task_cpus, self.local_cores() if "*" in self.master else None)
         state = self._state()
         return None if state is None else standalone_capacity(state, self.settings)
 
@@ -328,7 +351,8 @@ class ClassicSlots(SlotCount):
 
 class ConnectSlots(SlotCount):
     """A Spark Connect server's application's slots, as its Spark UI's REST API counts them (``ui``: the UI, once
-    found; without it the slots free now cannot be counted)."""
+    found; without it the slots free now cannot be counted). ``cores``: a ``local[*]`` server's cores, asked of
+    the server (once)."""
 
     def __init__(
         self,
@@ -337,11 +361,16 @@ class ConnectSlots(SlotCount):
         where: str,
         stopped: Callable[[], str | None],
         naming: RunnerNaming = HOROVOD_RUNNER,
+        cores: Callable[[], int | None] = lambda: None,
     ) -> None:
         super().__init__(master, conf, where, naming)
         self.ui: str | None = None
         self.app_id = conf("spark.app.id") or ""
         self._stopped = stopped
+        self._cores = functools.cache(cores)  # (the server's cores do not change)
+
+    def local_cores(self) -> int | None:
+        return self._cores()
 
     def now(self) -> tuple[int, int]:
         assert self.ui is not None, "the server's UI counts the slots"
@@ -366,16 +395,19 @@ def check_connect_slots(
     cancelled: Callable[[], bool] = lambda: False,
     stopped: Callable[[], str | None] = lambda: None,
     host_slots: int = 0,
+    host_running: bool = False,
+    cores: Callable[[], int | None] = lambda: None,
 ) -> None:
     """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
     (a local master's cores, a standalone master's ``/json/``), and wait up to ``timeout`` seconds for ``size``
     free slots, counted by the server's Spark UI (its REST API). Without that UI the free slots cannot be
     counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
     run's ``start_timeout``, which is said. ``host_slots``: a submitted run's host's, counted beside them
-    (HostSlotError where only they do not fit)."""
+    (HostSlotError where only they do not fit); ``host_running``: the host runs already (this is its wait for its
+    ranks' slots), and holds its own among the busy ones. ``cores``: a ``local[*]`` server's cores."""
     refuse_dynamic_allocation(conf, size)
-    count = ConnectSlots(master, conf, where, stopped, naming)
-    count.host_slots = host_slots
+    count = ConnectSlots(master, conf, where, stopped, naming, cores)
+    count.host_slots, count.host_running = host_slots, host_running
     total = count.at_most()
     count.fits(size, total)
     count.ui, no_ui = server_ui(conf)
@@ -420,7 +452,7 @@ def wait_for_free_slots(
     count: SlotCount, size: int, timeout: float, cancelled: Callable[[], bool], naming: RunnerNaming = HOROVOD_RUNNER
 ) -> None:
     """:func:`wait_for_slots` on any :class:`SlotCount` (for ``size`` tasks and the count's ``host_slots``)."""
-    needed = size + count.host_slots
+    needed = count.needed(size)
     slots, busy = count.now()
     if slots - busy >= needed:
         return
@@ -428,7 +460,8 @@ def wait_for_free_slots(
     count.fits(size, total)
     started = time.monotonic()
     next_report = started + min(FIRST_REPORT_S, REPORT_EVERY_S)
-    host = f" ({size} for its ranks, {count.host_slots} for its host)" if count.host_slots else ""
+    host = f" ({size} for its ranks, {count.host_slots} for its host)" if needed > size else ""
+    held_by_host = count.host_slots if count.host_running else 0
     while slots - busy < needed:
         now = time.monotonic()
         if cancelled():
@@ -438,11 +471,16 @@ def wait_for_free_slots(
             raise LaunchError(stopped)
         if now - started >= timeout:
             unknown = count.unknown_note() if total is None else ""
+            own = (
+                f" This run's host holds {held_by_host} of them for the whole run, beside its ranks'."
+                if held_by_host and busy
+                else ""
+            )
             raise LaunchError(
                 f"{naming.call(size * naming.per_task)} waited {now - started:.0f}s for {needed} free Spark task "
-                f"slots{host} {count.where}, and the application has {slots}{_busy_note(busy)} (the cluster or the "
-                "application is busy with other jobs, or its executors cannot start"
-                f"{'; ' + unknown if unknown else ''})."
+                f"slots{host} {count.where}, and the application has {slots}{_busy_note(busy, held_by_host)} (the "
+                "cluster or the application is busy with other jobs, or its executors cannot start"
+                f"{'; ' + unknown if unknown else ''}).{own}"
                 f"{count.limits_note(size)} Wait longer (slot_wait_timeout, now {timeout:g}s), free the cluster, or "
                 f"lower {naming.size}."
             )
@@ -457,7 +495,7 @@ def wait_for_free_slots(
                 count.where,
                 slots,
                 at_most,
-                _busy_note(busy),
+                _busy_note(busy, held_by_host),
                 now - started,
                 timeout,
             )

@@ -6,6 +6,7 @@ trace, and the standalone master's state from its web UI (``/json/``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ....shared.naming import HOROVOD_RUNNER
+
+log = logging.getLogger("airflow_provider_hvd.runner")
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,11 +119,17 @@ def existing_session() -> SparkSession | None:
 
 def active_session(app_name: str = HOROVOD_RUNNER.runner) -> SparkSession:
     """The active SparkSession (classic, or Spark Connect), or a new one on ``local[*]`` named ``app_name``
-    when there is none."""
+    when there is none (which is said: a run meant for a cluster would otherwise run on this host unseen)."""
     from pyspark.sql import SparkSession
 
     spark = existing_session()
     if spark is None:
+        log.warning(
+            "%s: no SparkSession is active: starting one on local[*], this host's cores. To run elsewhere, start "
+            "your own first: SparkSession.builder.master(...).getOrCreate(), or .remote('sc://...') for Spark "
+            "Connect",
+            app_name,
+        )
         default_executor_python("local[*]")
         spark = (
             SparkSession.builder.master("local[*]")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ....errors import LaunchError
+from ....errors import JobRefusedError
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ....shared.timing import CONNECT_FIRST_PROGRESS_S
 from ...events import TaskCounts
@@ -128,6 +129,23 @@ class ShippedJob:
         return self._job.pop()
 
 
+def local_cores(spark: SparkSession) -> int | None:
+    """The cores of a ``local[*]`` server, as Spark counts them for its task slots: the splits of a range given no
+    number of partitions, Spark's default parallelism, which is those cores unless ``spark.default.parallelism``
+    or ``spark.sql.leafNodeDefaultParallelism`` is set (None then, or where the plan does not say). One planning
+    call to the server, no Spark job."""
+    conf = session_conf(spark)
+    if conf("spark.default.parallelism") or conf("spark.sql.leafNodeDefaultParallelism"):
+        return None
+    try:
+        plan = str(spark.sql("EXPLAIN SELECT * FROM range(1)").collect()[0][0])
+    except Exception as exc:  # noqa: BLE001 - the count is then unknown, as on a cluster manager's master
+        log.debug("could not read the server's default parallelism: %s", exc)
+        return None
+    found = re.search(r"\bRange \(0, 1, step=1, splits=(\d+)\)", plan)
+    return int(found.group(1)) if found else None
+
+
 def server_url(spark: SparkSession) -> str:
     """``sc://host:port`` of the session's server (without its token or other parameters)."""
     return f"sc://{endpoint(spark)}"
@@ -156,14 +174,14 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
 
 
-def job_too_large(size: int, limit: int, bound_by: str, url: str, submitted: bool = False) -> LaunchError:
+def job_too_large(size: int, limit: int, bound_by: str, url: str, submitted: bool = False) -> JobRefusedError:
     """The refusal of a job over Spark Connect's message limit: a run's (in its barrier job's plan), or a submitted
     run's (in its host's plan, with its DataFrame's recipe where it has one; no classic session can host it)."""
     what, where = (
         ("The submitted job", "its host's plan") if submitted else ("The pickled job", "the barrier job's plan")
     )
     classic = "" if submitted else "; or run it on a classic SparkSession (a broadcast has no such limit)"
-    return LaunchError(
+    return JobRefusedError(
         f"{what} is {_mib(size)}: over Spark Connect it travels inside {where}, one message to the server at "
         f"{url}, which takes a job of at most {_mib(limit)} ({bound_by}). Make the job smaller: have main load its "
         f"data and model from storage instead of capturing them, or pass a path{classic}."
@@ -194,10 +212,14 @@ def warn_if_plan_readable(url: str, tls: bool, bind: str) -> None:
 
 
 class ConnectApp:
-    """A Spark Connect session's application, as :class:`.barrier.SparkLauncher` uses it."""
+    """A Spark Connect session's application, as :class:`.barrier.SparkLauncher` uses it. ``run_host_slots``: the
+    task slots this process holds on the application itself, a submitted run's host launching its ranks."""
 
-    def __init__(self, spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER) -> None:
+    def __init__(
+        self, spark: SparkSession, tag: str, naming: RunnerNaming = HOROVOD_RUNNER, run_host_slots: int = 0
+    ) -> None:
         self.spark = spark
+        self.run_host_slots = run_host_slots
         self.naming = naming
         self.url = server_url(spark)
         self.conf = session_conf(spark)
@@ -217,6 +239,8 @@ class ConnectApp:
         return driver
 
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool], host_slots: int = 0) -> None:
+        """Wait for the slots of ``tasks`` tasks, and ``host_slots`` for a submitted run's host that is to start
+        beside them (or the slots this process's run host holds already)."""
         check_connect_slots(
             self.master,
             self.conf,
@@ -226,7 +250,9 @@ class ConnectApp:
             timeout,
             cancelled,
             self._session_stopped,
-            host_slots,
+            host_slots or self.run_host_slots,
+            host_running=bool(self.run_host_slots),
+            cores=lambda: local_cores(self.spark),
         )
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ....errors import SettingError
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ....shared.shards import ROW_COLUMN, FeedSpec
 from .cluster import is_connect
@@ -144,7 +145,7 @@ def check_session(df: DataFrame, spark: Any, naming: RunnerNaming = HOROVOD_RUNN
     else:
         same = session is spark or bool(session._jsparkSession.equals(spark._jsparkSession))
     if not same:
-        raise ValueError(
+        raise SettingError(
             f"The DataFrame belongs to another SparkSession than the one {naming.runner} runs on: build it "
             "with the run's session (spark.table, spark.read, spark.sql of that session)."
         )
@@ -154,16 +155,16 @@ def check_columns(df: DataFrame) -> None:
     """Refuse what the ranks cannot read: no columns, duplicate or reserved names, unsupported types."""
     fields = df.schema.fields
     if not fields:
-        raise ValueError("The DataFrame has no columns: select the columns to train on.")
+        raise SettingError("The DataFrame has no columns: select the columns to train on.")
     seen: set[str] = set()
     for field in fields:
         if field.name in (ROW_COLUMN, KEY_COLUMN):
-            raise ValueError(f"The DataFrame's column {field.name!r} has a name the runner uses itself: rename it.")
+            raise SettingError(f"The DataFrame's column {field.name!r} has a name the runner uses itself: rename it.")
         if field.name in seen:
-            raise ValueError(f"The DataFrame has two columns named {field.name!r}: rename one (toDF, or alias).")
+            raise SettingError(f"The DataFrame has two columns named {field.name!r}: rename one (toDF, or alias).")
         seen.add(field.name)
         if unsupported_type(field.dataType):
-            raise ValueError(
+            raise SettingError(
                 f"The DataFrame's column {field.name!r} is of type {field.dataType.simpleString()}, which the "
                 f"ranks cannot read as arrays: {_FIX}."
             )
@@ -219,7 +220,7 @@ def plan_shards(
     the launcher gives to make it cancellable).
     """
     if ranks % per_task:
-        raise ValueError(f"{ranks} ranks do not fill Spark tasks of {per_task} ranks each")
+        raise SettingError(f"{ranks} ranks do not fill Spark tasks of {per_task} ranks each")
     check_session(df, spark, naming)
     check_columns(df)
     partition_rows = count(df)
