@@ -118,7 +118,11 @@ def _command_lines(code: str) -> list[list[str]]:
 def airflow_commands(code: str) -> list[list[str]]:
     """The ``airflow ...`` commands of a shell block, from ``airflow`` on (``docker compose exec SERVICE
     airflow ...`` too)."""
-    return [command[command.index("airflow") :] for command in _command_lines(code) if "airflow" in command]
+    return [
+        command[command.index("airflow") :]
+        for command in _command_lines(code)
+        if "airflow" in command and command[0] != "make"  # (`make airflow` is a target)
+    ]
 
 
 def exported(code: str) -> dict[str, str]:
