@@ -38,10 +38,10 @@ def allreduce_forever_printing(pid_dir: str) -> None:
     allreduce_forever(pid_dir)
 
 
-def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3) -> dict:
+def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, every_epoch: bool = False) -> dict:
     """:func:`allreduce_forever` in epochs, resumable: each rank writes the preemption notice it first sees
-    (``notice-<rank>.json``); rank 0 then saves and reports a checkpoint. An attempt that resumed from one runs
-    ``epochs_after_resuming`` more epochs and returns what it ran on."""
+    (``notice-<rank>.json``); rank 0 then saves and reports a checkpoint (``every_epoch``: after each epoch). An
+    attempt that resumed from one runs ``epochs_after_resuming`` more epochs and returns what it ran on."""
     import json
     import os
     import time
@@ -68,9 +68,14 @@ def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3) -> d
         if notice is not None:
             told = True
             Path(pid_dir, f"notice-{rank}.json").write_text(json.dumps({**notice, "epoch": epoch}))
-            if rank == 0:
-                path = Path(pid_dir, f"epoch-{epoch}.ckpt")
-                path.write_text(str(epoch))
-                report_checkpoint(str(path), epoch=epoch)
+        if rank == 0 and (every_epoch or notice is not None):
+            path = Path(pid_dir, f"epoch-{epoch}.ckpt")
+            path.write_text(str(epoch))
+            report_checkpoint(str(path), epoch=epoch)
     hosts = hvd.allgather_object(os.environ["HOROVOD_HOSTNAME"])
     return {"size": hvd.size(), "resumed_from": checkpoint, "epochs": epoch - start, "hosts": hosts}
+
+
+def allreduce_checkpointing(pid_dir: str) -> dict:
+    """:func:`allreduce_until_preempted`, rank 0 reporting a checkpoint after every epoch."""
+    return allreduce_until_preempted(pid_dir, every_epoch=True)

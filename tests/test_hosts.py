@@ -22,7 +22,12 @@ from pathlib import Path
 
 import pytest
 from conftest import make_session
-from host_jobs import allreduce_forever, allreduce_forever_printing, allreduce_until_preempted
+from host_jobs import (
+    allreduce_checkpointing,
+    allreduce_forever,
+    allreduce_forever_printing,
+    allreduce_until_preempted,
+)
 from hosts import Host, Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples_and_hosts
@@ -418,6 +423,42 @@ def test_a_dataframes_rows_reach_ranks_on_two_hosts_and_their_files_go_with_the_
     assert abs(len(first) - len(second)) == 1
     links, held = holders_of_files(tmp_path, 2)
     assert all(link.endswith(" (deleted)") for link in links) and held == [], (links, held)
+
+
+def test_a_host_cut_off_with_min_ranks_below_the_runs_goes_on_with_the_ranks_left_from_the_last_checkpoint(
+    hosts, pid_dir, caplog
+):
+    """HorovodRunner(np=4, max_restarts=1, min_ranks=2): 2 ranks on each of two hosts, one host cut off after a
+    checkpoint. Spark has no slot in its place (the third host's one core holds no 2-core executor): the restart
+    runs the 2 ranks the other host holds, from the last checkpoint, and returns."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    spark = session(hosts, 2, 4)
+    cut: Host | None = None
+    try:
+        runner = HorovodRunner(np=4, max_restarts=1, min_ranks=2, shrink_timeout=1)
+        thread, outcome = _start_run(runner, pid_dir, 4, allreduce_checkpointing)
+        placed = _rank_hosts(hosts, pid_dir, 4)
+        while not list(Path(pid_dir).glob("epoch-*.ckpt")):
+            assert thread.is_alive(), repr(outcome)
+            time.sleep(0.1)
+        cut = placed[2][1]
+        cut.cut()
+        thread.join(CUT_NAMED_WITHIN_S + 90)
+        assert not thread.is_alive(), "run() did not end after a host was cut off"
+    finally:
+        if cut is not None:
+            cut.reconnect()
+        spark.stop()
+    result = outcome.get("value")
+    assert result is not None, repr(outcome.get("error"))
+    assert result["size"] == 2 and result["epochs"] == 3 and cut.address not in result["hosts"]
+    assert [(a["size"], a["cause_kind"]) for a in runner.attempts] == [(4, "host_lost"), (2, None)]
+    restart = (
+        rf"HorovodRunner: restart 1 of 1 after Horovod ranks 2 and 3 of 4 failed: their host {cut.name} .+: 2 ranks "
+        rf"instead of 4, resuming from .+epoch-{result['resumed_from']['epoch']}\.ckpt \(epoch=\d+\)"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
+    assert [line for line in lines if re.fullmatch(restart, line)], lines
 
 
 # last in the module: the worker it decommissions takes no executor again
