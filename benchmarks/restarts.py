@@ -47,7 +47,6 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import textwrap  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -345,16 +344,12 @@ def run(methods: list[str], repeats: int, scratch: Path) -> tuple[dict[str, list
     """``repeats`` rounds of each method, round-robin; a method that fails is left out with its error."""
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
     errors: dict[str, str] = {}
-    ways: dict[str, Callable[[], dict[str, Any]]] = {
-        name: (lambda: ray_round(scratch)) if name == "ray" else (lambda name=name: one_round(name, scratch))  # type: ignore[misc]
-        for name in methods
-    }
     for i in range(repeats + 1):  # round 0 warms up (Spark's first jobs, the page cache): not recorded
-        for name, way in ways.items():
+        for name in methods:
             if name in errors:
                 continue
             try:
-                figures = way()
+                figures = ray_round(scratch) if name == "ray" else one_round(name, scratch)
             except Exception as exc:  # noqa: BLE001 - reported as left out; the others go on
                 errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
                 continue
