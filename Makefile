@@ -10,12 +10,15 @@ BROWSER_STAMP := $(VENV)/.chromium
 # (pyarrow<26, cachetools<8) are not the project's
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+# the Ray Train peer of benchmarks/restarts.py: `make bench` only (`make test` installs no Ray)
+RAY_VENV := .venv-ray
+RAY_STAMP := $(RAY_VENV)/.installed
 AIRFLOW_HOME ?= $(CURDIR)/airflow_home
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export KERAS_BACKEND ?= torch
 
-.PHONY: setup test check docs demo airflow bench docker-check clean
+.PHONY: setup test check docs demo airflow bench docker-check clean .venv-ray
 
 # The venv, Chromium and the MLflow server's venv are independent: they install at once (mostly downloads and
 # unpacking, each of which leaves a core idle).
@@ -75,7 +78,7 @@ AIRFLOW_PORT ?= 8080
 airflow: setup
 	AIRFLOW_HOME=$(AIRFLOW_HOME) $(PY) scripts/local_airflow.py --port $(AIRFLOW_PORT)
 
-bench: setup
+bench: setup $(RAY_STAMP)
 	$(PY) benchmarks/launch.py
 	$(PY) benchmarks/logs.py
 	$(PY) benchmarks/payload.py
@@ -85,10 +88,19 @@ bench: setup
 	$(PY) benchmarks/connect_launch.py
 	$(PY) benchmarks/durable_launch.py
 	$(PY) benchmarks/durable_retry.py
+	$(PY) benchmarks/restarts.py
+
+$(RAY_STAMP):
+	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pip --disable-pip-version-check -q install 'ray[train]==2.60.0' torch==2.13.0 \
+	  --extra-index-url https://download.pytorch.org/whl/cpu
+	touch $@
+
+.venv-ray: $(RAY_STAMP)
 
 # docker/ built and run for real with Docker or podman (docs/docker.md); 20-40 minutes on 2 cores, so not in `test`
 docker-check:
 	scripts/docker_check.sh
 
 clean:
-	rm -rf $(VENV) $(MLFLOW_VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse site
+	rm -rf $(VENV) $(MLFLOW_VENV) $(RAY_VENV) $(AIRFLOW_HOME) .pytest_cache spark-warehouse site

@@ -36,6 +36,7 @@ _EXPORTS = {
     "log_metrics": "airflow_provider_hvd.runner.rank.progress",
     "report_checkpoint": "airflow_provider_hvd.runner.rank.progress",
     "last_checkpoint": "airflow_provider_hvd.runner.rank.progress",
+    "preemption_notice": "airflow_provider_hvd.runner.rank.preemption",
     "DataFrameShard": "airflow_provider_hvd.runner.rank.dataframe",
     "dataframe_shard": "airflow_provider_hvd.runner.rank.dataframe",
     "get_spark_partition_data_loader": "airflow_provider_hvd.runner.rank.partition_loader",
@@ -72,6 +73,7 @@ __all__ = [
     "last_checkpoint",
     "log_metrics",
     "log_to_driver",
+    "preemption_notice",
     "report_checkpoint",
     "torch_distributed_task",
 ]
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     from airflow_provider_hvd.runner.rank.control import log_to_driver
     from airflow_provider_hvd.runner.rank.dataframe import DataFrameShard, dataframe_shard
     from airflow_provider_hvd.runner.rank.partition_loader import get_spark_partition_data_loader
+    from airflow_provider_hvd.runner.rank.preemption import preemption_notice
     from airflow_provider_hvd.runner.rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from airflow_provider_hvd.runner.runner import HorovodRunner
     from airflow_provider_hvd.runner.torch_distributor import TorchDistributor

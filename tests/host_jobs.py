@@ -36,3 +36,46 @@ def allreduce_forever_printing(pid_dir: str) -> None:
 
     threading.Thread(target=chatter, daemon=True).start()
     allreduce_forever(pid_dir)
+
+
+def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, every_epoch: bool = False) -> dict:
+    """:func:`allreduce_forever` in epochs, resumable: each rank writes the preemption notice it first sees
+    (``notice-<rank>.json``); rank 0 then saves and reports a checkpoint (``every_epoch``: after each epoch). An
+    attempt that resumed from one runs ``epochs_after_resuming`` more epochs and returns what it ran on."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    import horovod.torch as hvd
+    import torch
+
+    from airflow_provider_hvd import last_checkpoint, preemption_notice, report_checkpoint
+
+    hvd.init()
+    rank, checkpoint = hvd.rank(), last_checkpoint()
+    Path(pid_dir, f"host-{rank}").write_text(os.environ["HOROVOD_HOSTNAME"])
+    Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
+    start = 0 if checkpoint is None else checkpoint["epoch"]
+    told = False
+    epoch = start
+    while checkpoint is None or epoch < start + epochs_after_resuming:
+        epoch += 1
+        for _ in range(4):
+            hvd.allreduce(torch.ones(1000), op=hvd.Sum)
+            time.sleep(0.05)
+        notice = None if told else preemption_notice()
+        if notice is not None:
+            told = True
+            Path(pid_dir, f"notice-{rank}.json").write_text(json.dumps({**notice, "epoch": epoch}))
+        if rank == 0 and (every_epoch or notice is not None):
+            path = Path(pid_dir, f"epoch-{epoch}.ckpt")
+            path.write_text(str(epoch))
+            report_checkpoint(str(path), epoch=epoch)
+    hosts = hvd.allgather_object(os.environ["HOROVOD_HOSTNAME"])
+    return {"size": hvd.size(), "resumed_from": checkpoint, "epochs": epoch - start, "hosts": hosts}
+
+
+def allreduce_checkpointing(pid_dir: str) -> dict:
+    """:func:`allreduce_until_preempted`, rank 0 reporting a checkpoint after every epoch."""
+    return allreduce_until_preempted(pid_dir, every_epoch=True)

@@ -216,6 +216,8 @@ class Hosts:
             "SPARK_HOME": str(self.spark_home),
             "SPARK_LOCAL_IP": bind,
             "SPARK_DAEMON_MEMORY": "256m",
+            # a worker given SIGPWR decommissions itself and its executors (the preemption test)
+            "SPARK_WORKER_OPTS": "-Dspark.decommission.enabled=true",
         }
 
     def _spawn_master(self) -> None:

@@ -192,7 +192,8 @@ def test_result_memory_report(bench):
 
 
 @pytest.mark.parametrize(
-    "name", ["launch", "torch_launch", "connect_launch", "durable_launch", "durable_retry", "scale", "payload"]
+    "name",
+    ["launch", "torch_launch", "connect_launch", "durable_launch", "durable_retry", "scale", "payload", "restarts"],
 )
 def test_no_rounds_is_refused_before_anything_starts(bench, name, capsys):
     with pytest.raises(SystemExit) as exited:
@@ -272,3 +273,29 @@ def test_each_benchmark_runs_ours_and_each_of_its_peers(name, tmp_path):
     )
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert expected <= ran(json.loads(figures.read_text())), done.stdout[-3000:]
+
+
+def test_restarts_report_and_a_peer_left_out_saying_why(bench, tmp_path):
+    """The restarts benchmark's table from recorded rounds; the Ray peer is left out, saying why, without its venv
+    (`make test` installs no Ray: `make bench` makes .venv-ray)."""
+    restarts = bench.restarts
+    why = restarts.ray_missing(tmp_path / "no-venv")
+    assert why == f"no {tmp_path / 'no-venv'} (make .venv-ray installs Ray Train 2.60 and a CPU torch there)"
+    rounds = {
+        "ours_spark": [
+            {"kill_to_step_s": 3.0, "kill_to_restart_s": 0.5, "resumed_from_epoch": 3},
+            {"kill_to_step_s": 2.0, "kill_to_restart_s": 0.3, "resumed_from_epoch": 3},
+        ],
+        "airflow": [{"kill_to_step_s": 20.0, "kill_to_restart_s": None, "resumed_from_epoch": 3}],
+    }
+    figures = restarts.figures_of(rounds, {"ray": why, "ours_local": "RuntimeError: it broke"})
+    assert figures["ours_spark"]["median_kill_to_step_s"] == 2.5
+    assert restarts.format_table(figures).splitlines() == [
+        "| method | kill to resumed first step (median) | kill to restart said | resumed from epoch (of 3) |",
+        "|---|---|---|---|",
+        "| ours, local[2] (max_restarts=1) | 2.50 s | 0.40 s | 3 |",
+        "| ours, local processes (max_restarts=1) | n/a | n/a | left out: RuntimeError: it broke |",
+        "| retry loop around run(), local[2] | n/a | n/a | n/a |",
+        "| Airflow retry (retry_delay=0), local processes | 20.00 s | n/a | 3 |",
+        f"| Ray Train 2.60, FailureConfig(max_failures=1) | n/a | n/a | left out: {why} |",
+    ]

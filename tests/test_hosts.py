@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,12 @@ from pathlib import Path
 
 import pytest
 from conftest import make_session
-from host_jobs import allreduce_forever, allreduce_forever_printing
+from host_jobs import (
+    allreduce_checkpointing,
+    allreduce_forever,
+    allreduce_forever_printing,
+    allreduce_until_preempted,
+)
 from hosts import Host, Hosts, cannot_make_hosts
 from jobs import alive, wait_for_pids
 from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples_and_hosts
@@ -180,7 +187,7 @@ def _start_run(runner: HorovodRunner, pid_dir: str, size: int, job=allreduce_for
 
     def run() -> None:
         try:
-            runner.run(job, pid_dir=pid_dir)
+            outcome["value"] = runner.run(job, pid_dir=pid_dir)
         except BaseException as exc:  # noqa: BLE001 - the test looks at it
             outcome["error"] = exc
         outcome["ended"] = time.monotonic()
@@ -416,3 +423,87 @@ def test_a_dataframes_rows_reach_ranks_on_two_hosts_and_their_files_go_with_the_
     assert abs(len(first) - len(second)) == 1
     links, held = holders_of_files(tmp_path, 2)
     assert all(link.endswith(" (deleted)") for link in links) and held == [], (links, held)
+
+
+def test_a_host_cut_off_with_min_ranks_below_the_runs_goes_on_with_the_ranks_left_from_the_last_checkpoint(
+    hosts, pid_dir, caplog
+):
+    """HorovodRunner(np=4, max_restarts=1, min_ranks=2): 2 ranks on each of two hosts, one host cut off after a
+    checkpoint. Spark has no slot in its place (the third host's one core holds no 2-core executor): the restart
+    runs the 2 ranks the other host holds, from the last checkpoint, and returns."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    spark = session(hosts, 2, 4)
+    cut: Host | None = None
+    try:
+        runner = HorovodRunner(np=4, max_restarts=1, min_ranks=2, shrink_timeout=1)
+        thread, outcome = _start_run(runner, pid_dir, 4, allreduce_checkpointing)
+        placed = _rank_hosts(hosts, pid_dir, 4)
+        while not list(Path(pid_dir).glob("epoch-*.ckpt")):
+            assert thread.is_alive(), repr(outcome)
+            time.sleep(0.1)
+        cut = placed[2][1]
+        cut.cut()
+        thread.join(CUT_NAMED_WITHIN_S + 90)
+        assert not thread.is_alive(), "run() did not end after a host was cut off"
+    finally:
+        if cut is not None:
+            cut.reconnect()
+        spark.stop()
+    result = outcome.get("value")
+    assert result is not None, repr(outcome.get("error"))
+    assert result["size"] == 2 and result["epochs"] == 3 and cut.address not in result["hosts"]
+    assert [(a["size"], a["cause_kind"]) for a in runner.attempts] == [(4, "host_lost"), (2, None)]
+    restart = (
+        rf"HorovodRunner: restart 1 of 1 after Horovod ranks 2 and 3 of 4 failed: their host {cut.name} .+: 2 ranks "
+        rf"instead of 4, resuming from .+epoch-{result['resumed_from']['epoch']}\.ckpt \(epoch=\d+\)"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
+    assert [line for line in lines if re.fullmatch(restart, line)], lines
+
+
+# last in the module: the worker it decommissions takes no executor again
+
+
+def test_a_worker_decommissioned_mid_run_tells_the_ranks_and_the_run_goes_on_with_fewer_from_their_checkpoint(
+    hosts, pid_dir, caplog
+):
+    """HorovodRunner(np=4, max_restarts=1, min_ranks=2): 2 ranks on each of two hosts, and one host's worker given
+    SIGPWR (a standalone worker being decommissioned). Every rank reads the notice and its deadline
+    (``preemption_notice()``); rank 0 reports a checkpoint; the run starts again from it with the 2 ranks the
+    other host holds (the third host's one core holds no 2-core executor), and that restart is not counted."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    grace = {"spark.decommission.enabled": "true", "spark.executor.decommission.forceKillTimeout": "100s"}
+    spark = session(hosts, 2, 4, **grace)
+    try:
+        runner = HorovodRunner(np=4, max_restarts=1, min_ranks=2, shrink_timeout=1)
+        thread, outcome = _start_run(runner, pid_dir, 4, allreduce_until_preempted)
+        placed = _rank_hosts(hosts, pid_dir, 4)
+        going = placed[2][1]
+        first = [pid for pid, _ in placed.values()]
+        [(worker, _)] = processes(going, "org.apache.spark.deploy.worker.Worker")
+        os.kill(worker, signal.SIGPWR)
+        told_at = time.monotonic()
+        thread.join(240)
+        assert not thread.is_alive(), "run() did not end after a worker was decommissioned"
+    finally:
+        spark.stop()
+    result = outcome.get("value")
+    assert result is not None, repr(outcome.get("error"))
+    notices = [json.loads(Path(pid_dir, f"notice-{rank}.json").read_text()) for rank in range(4)]
+    assert {notice["deadline"] - notice["at"] for notice in notices} == {100.0}
+    assert {(tuple(notice["hosts"]), tuple(notice["ranks"])) for notice in notices} == {((going.address,), (2, 3))}
+    assert result["resumed_from"]["epoch"] == notices[0]["epoch"]
+    assert result["size"] == 2 and result["epochs"] == 3
+    assert going.address not in result["hosts"]
+    assert [(a["size"], a["cause_kind"], a["preempted"]) for a in runner.attempts] == [
+        (4, "preempted", True),
+        (2, None, False),
+    ]
+    restart = (
+        r"HorovodRunner: restart after a preemption \(not counted in max_restarts=1\) after .+: 2 ranks instead "
+        r"of 4, resuming from .+epoch-\d+\.ckpt \(epoch=\d+\)"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
+    assert [line for line in lines if re.fullmatch(restart, line)], lines
+    assert _wait_gone(first, 30) is not None, "a rank of the first attempt outlived the run"
+    print(f"\nMEASURED decommission: run() returned {outcome['ended'] - told_at:.1f}s after SIGPWR")

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from restart_jobs import fail_each_attempt, train_until_killed
 from test_dataframe_feed import holders
 
-from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError, TorchDistributor
+from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
 from airflow_provider_hvd.runner.driver.restarts.policy import RestartPolicy
 from airflow_provider_hvd.runner.errors import CauseKind
 from airflow_provider_hvd.runner.mlflow_settings import MlflowSettings
@@ -215,7 +215,7 @@ def test_the_policy_restarts_on_causes_not_the_codes_own_and_on_the_exceptions_i
     policy = RestartPolicy(2)
     restarted = [kind for kind in CauseKind if policy.why_not(error(kind)) is None]
     assert set(restarted) == {
-        *("signal", "oom", "agent_lost", "host_lost", "peer_lost", "stall", "not_started", "spark_job")
+        *("signal", "oom", "agent_lost", "host_lost", "peer_lost", "stall", "not_started", "spark_job", "preempted")
     }
     oom = ("torch.OutOfMemoryError", "builtins.RuntimeError", "builtins.Exception")
     named = RestartPolicy(2, ("RuntimeError",))
@@ -332,6 +332,24 @@ def test_on_spark_an_exception_in_main_ends_the_run_in_one_barrier_job(cluster_s
     assert_all_gone(pids(pid_dir, "*.pid"))
 
 
+def test_a_restart_below_min_ranks_fails_after_the_bounded_wait_saying_what_it_waited_for(cluster_session):
+    """The restart's wait for task slots on the standalone cluster's 2: 3 ranks with min_ranks=2 start as 2 once
+    shrink_timeout has passed; with min_ranks=3 the wait ends after slot_wait_timeout with an error that says
+    what it waited for and how to go on (the runner's door to it, a lost host, is test_hosts.py's)."""
+    from airflow_provider_hvd.runner.driver.launch.spark.capacity import ClassicSlots, wait_for_restart_slots
+
+    count = ClassicSlots(cluster_session.sparkContext)
+    assert wait_for_restart_slots(count, 3, 2, 0.0, 1.0, lambda: False) == 2
+    with pytest.raises(LaunchError) as failed:
+        wait_for_restart_slots(count, 3, 3, 0.0, 1.0, lambda: False)
+    assert re.fullmatch(
+        r"waited \d+s for 3 ranks' free Spark task slots \(min_ranks=3 of HorovodRunner\(np=3\)\) on spark://\S+, "
+        r"and the application has 2 free\. Set min_ranks lower to go on with fewer ranks, give the cluster more "
+        r"executors, or wait longer \(slot_wait_timeout, now 1s\)\.",
+        str(failed.value),
+    ), str(failed.value)
+
+
 def test_max_restarts_and_restart_on_exceptions_are_checked():
     for bad in (-1, True, 1.5, "2"):
         with pytest.raises(ValueError, match="max_restarts must be a whole number >= 0"):
@@ -341,3 +359,12 @@ def test_max_restarts_and_restart_on_exceptions_are_checked():
     assert TorchDistributor(restart_on_exceptions=ValueError, use_gpu=False).restart_on_exceptions == (
         "builtins.ValueError",
     )
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="min_ranks must be a whole number >= 1"):
+            HorovodRunner(np=2, min_ranks=bad)
+    with pytest.raises(ValueError, match=r"min_ranks=3 is more than the run's num_processes=2: .* at most 2$"):
+        TorchDistributor(num_processes=2, min_ranks=3, use_gpu=False)
+    with pytest.raises(ValueError, match="shrink_timeout must be a number of seconds >= 0"):
+        HorovodRunner(np=2, shrink_timeout=-1)
+    with pytest.raises(ValueError, match=r"\(min_ranks=1\)\.submit\(\): a submitted run restarts with all"):
+        HorovodRunner(np=2, min_ranks=1).submit(print)

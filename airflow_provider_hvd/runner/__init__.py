@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .rank.control import log_to_driver
     from .rank.dataframe import DataFrameShard, dataframe_shard
     from .rank.partition_loader import get_spark_partition_data_loader
+    from .rank.preemption import preemption_notice
     from .rank.progress import last_checkpoint, log_metrics, report_checkpoint
     from .runner import HorovodRunner
     from .torch_distributor import TorchDistributor
@@ -40,6 +41,7 @@ _LAZY = {
     "log_metrics": ".rank.progress",
     "report_checkpoint": ".rank.progress",
     "last_checkpoint": ".rank.progress",
+    "preemption_notice": ".rank.preemption",
     "DataFrameShard": ".rank.dataframe",
     "dataframe_shard": ".rank.dataframe",
     "get_spark_partition_data_loader": ".rank.partition_loader",
@@ -67,6 +69,7 @@ __all__ = [
     "last_checkpoint",
     "log_metrics",
     "log_to_driver",
+    "preemption_notice",
     "report_checkpoint",
 ]
 

@@ -22,6 +22,7 @@ class CauseKind(enum.StrEnum):
     STALL = "stall"  #: no rank was active for ``stall_timeout``
     NOT_STARTED = "not_started"  #: the ranks did not all start within the start timeout
     SPARK_JOB = "spark_job"  #: Spark failed or killed the barrier job's task once the ranks ran
+    PREEMPTED = "preempted"  #: a host of the ranks was being decommissioned, and a checkpoint came after the notice
     LAUNCH = "launch"  #: the launch or its configuration failed: no attempt can get past it
     CANCELLED = "cancelled"  #: ``cancel()``, or the run's lease ran out
 

@@ -119,8 +119,14 @@ class _Runner:
         """The session a Spark run uses: the one handed to :meth:`_on_session`, else the active one."""
         return self._session if self._session is not None else active_session(self.naming.runner)
 
-    def _settings(self, settings: RunSettings) -> None:
-        """Keep the settings both runners take (checked: :class:`.settings.RunSettings`), each as an attribute too."""
+    def _settings(self, settings: RunSettings, ranks: int) -> None:
+        """Keep the settings both runners take (checked: :class:`.settings.RunSettings`), each as an attribute too;
+        ``ranks``: the run's, which ``min_ranks`` cannot exceed."""
+        if settings.min_ranks is not None and settings.min_ranks > ranks:
+            raise ValueError(
+                f"min_ranks={settings.min_ranks} is more than the run's {self.naming.size}={ranks}: min_ranks is the "
+                f"fewest ranks a restart may start with; set it to at most {ranks}"
+            )
         if settings.mlflow is not None:
             import_mlflow()  # ImportError naming the extra, before any run
         self.settings = settings
@@ -134,19 +140,20 @@ class _Runner:
         self._runs: list[_Run] = []
 
     def _launcher(
-        self, run: _Run, previous: Launcher | None = None
+        self, run: _Run, previous: Launcher | None = None, size: int | None = None
     ) -> tuple[Launcher, Callable[[str], str | None], bool]:
-        """The run's launcher (a new one for each attempt: ``previous``, the last attempt's), its Spark conf's
-        getter, and whether the channel is TLS."""
+        """The run's launcher (a new one for each attempt: ``previous``, the last attempt's; ``size``, its ranks
+        when not the run's own), its Spark conf's getter, and whether the channel is TLS."""
         local = self._local_launcher()
         if local is not None:
             return local, lambda key: None, False  # loopback only: no TLS
         spark, per_task, use_gpus = self._spark_launch()
-        # a run on a DataFrame: its rows counted once, for the first attempt; the same shards for the next ones
+        # a run on a DataFrame: its rows counted once, for the first attempt; the same rows for the next ones,
+        # shared out anew when a restart has fewer ranks (min_ranks)
         plan = previous.shard_plan if isinstance(previous, SparkLauncher) else None
         launcher = SparkLauncher(
             spark,
-            self._size(),
+            self._size() if size is None else size,
             self.settings.slot_wait_timeout,
             cancelled=lambda: run.cancelled,
             per_task=per_task,
@@ -154,9 +161,22 @@ class _Runner:
             naming=self.naming,
             dataframe=run.dataframe if plan is None else None,
         )
-        if plan is not None:
-            launcher.shard_plan = plan
+        if plan is not None and run.dataframe is not None:
+            launcher.resized(plan, run.dataframe)
         return launcher, *_conf_and_tls(spark)
+
+    def _capacity(self, launcher: Callable[[], Launcher]) -> Callable[[tuple[str, ...]], int]:
+        """A restart's size on Spark: :meth:`SparkLauncher.restart_size` of the latest attempt's ``launcher()``."""
+        settings = self.settings
+        size = self._size()
+        min_ranks = size if settings.min_ranks is None else min(settings.min_ranks, size)
+
+        def capacity(lost_hosts: tuple[str, ...]) -> int:
+            last = launcher()
+            assert isinstance(last, SparkLauncher)
+            return last.restart_size(size, min_ranks, lost_hosts, settings.shrink_timeout, settings.slot_wait_timeout)
+
+        return capacity
 
     def _local_launcher(self) -> Launcher | None:
         """The launcher of a run on this host's processes; None for a run on Spark."""
@@ -199,10 +219,10 @@ class _Runner:
                 if tracking is not None:  # ended as the run ends, also by what raises before the ranks start
                     ending.enter_context(tracking)
 
-                def attempt(number: int) -> Supervisor:
+                def attempt(number: int, size: int | None) -> Supervisor:
                     nonlocal launcher, kind
                     if number > 1:  # the last attempt's launcher and rendezvous are over: new ones
-                        launcher, kind = self._launcher(run, launcher)[0], self._rank_kind()
+                        launcher, kind = self._launcher(run, launcher, size)[0], self._rank_kind()
                     return _supervisor_class()(
                         launcher,
                         job.take(),
@@ -217,11 +237,16 @@ class _Runner:
                         exit_timeout_s=settings.exit_timeout,
                         tracking=tracking,
                         attempt=number,
+                        end_on_preemption=settings.max_restarts > 0,
                     )
 
                 policy = RestartPolicy(settings.max_restarts, settings.restart_on_exceptions)
                 listeners = [tracking] if tracking is not None else []  # (one MLflow run records the restarts)
-                controller = RunController(attempt, progress, policy, lambda: run.cancelled, runner, listeners)
+                # (a local run's ranks are this host's processes: each restart has them all)
+                capacity = self._capacity(lambda: launcher) if isinstance(launcher, SparkLauncher) else None
+                controller = RunController(
+                    attempt, progress, policy, lambda: run.cancelled, runner, capacity, listeners
+                )
                 if settings.resume_from is not None:
                     log.info("%s: resuming from %s", runner, describe_checkpoint(settings.resume_from))
                 with rank_logs_visible():
@@ -285,6 +310,12 @@ class _Runner:
         from .durable.submit import submit_run
 
         runner = self.naming.runner
+        if self.settings.min_ranks is not None and self.settings.min_ranks < self._size():
+            raise SettingError(
+                f"{runner}(min_ranks={self.settings.min_ranks}).submit(): a submitted run restarts with all its "
+                "ranks (its host does not shrink it yet); leave min_ranks out, or use run() for a smaller world "
+                "when a host is gone (docs/restarts.md)"
+            )
         spark, per_task, use_gpus = self._spark_launch()
         if not is_connect(spark):
             raise JobRefusedError(
@@ -408,7 +439,7 @@ class HorovodRunner(_Runner):
             raise SettingError(
                 "np must be non-zero: np<0 runs -np processes on this host, np>0 a Spark job of np tasks"
             )
-        self._settings(RunSettings.from_kwargs(settings, "HorovodRunner"))
+        self._settings(RunSettings.from_kwargs(settings, "HorovodRunner"), abs(np))
         self.num_processor = np
 
     def run(self, main: Callable[..., Any], /, **kwargs: Any) -> Any:

@@ -29,6 +29,7 @@ from .shared.timing import (
 
 VERBOSITIES = ("all", "log_callback_only")
 DEFAULT_SLOT_WAIT_S = 600.0
+DEFAULT_SHRINK_TIMEOUT_S = 30.0
 #: TorchDistributor's defaults where they are PySpark's, not sparkdl's (its operator's too)
 PYSPARK_DEFAULTS: dict[str, Any] = {"driver_log_verbosity": "all"}
 SNAPSHOT_MAX_BYTES = 60_000  # a metrics snapshot as JSON: under the task state store's 65,535-byte values
@@ -134,6 +135,30 @@ def check_max_restarts(max_restarts: object) -> int:
     return max_restarts
 
 
+def check_min_ranks(min_ranks: object) -> int | None:
+    """``min_ranks`` as an int (None: the run's requested number); ``ValueError`` for anything but a whole number
+    >= 1 (the runner checks it against its own number of ranks)."""
+    if min_ranks is None:
+        return None
+    if isinstance(min_ranks, bool) or not isinstance(min_ranks, int) or min_ranks < 1:
+        raise ValueError(
+            f"min_ranks must be a whole number >= 1 (the fewest ranks a restart may start with when task slots "
+            f"were lost), or None for the run's own number; not {min_ranks!r}"
+        )
+    return min_ranks
+
+
+def check_shrink_timeout(shrink_timeout: object) -> float:
+    """``shrink_timeout`` in seconds; ``ValueError`` for anything but a number of seconds >= 0 or a timedelta."""
+    seconds = shrink_timeout.total_seconds() if isinstance(shrink_timeout, timedelta) else shrink_timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+        raise ValueError(
+            "shrink_timeout must be a number of seconds >= 0 (or a timedelta): how long a restart waits for the "
+            f"task slots of every rank before it starts with fewer (min_ranks); not {shrink_timeout!r}"
+        )
+    return float(seconds)
+
+
 def exception_names(names: object) -> tuple[str, ...]:
     """``restart_on_exceptions`` as a tuple of names (an exception class is named ``module.QualName``);
     ``TypeError`` for anything but exception classes or their names."""
@@ -211,6 +236,8 @@ class RunOptions(TypedDict, total=False):
     outcome_timeout: float | timedelta
     max_restarts: int
     restart_on_exceptions: Sequence[str | type[BaseException]] | None
+    min_ranks: int | None
+    shrink_timeout: float | timedelta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +299,15 @@ class RunSettings:
     :param restart_on_exceptions: exception types (or their names: ``"DistBackendError"``,
         ``"torch.OutOfMemoryError"``) on which ``max_restarts`` restarts the run too, when ``main`` raises one
         of them or a subclass (e.g. transient NCCL or CUDA errors). Default: none.
+    :param min_ranks: on Spark, the fewest ranks a restart (``max_restarts``) may start with when the
+        application has fewer task slots than the run's ranks (an executor or host was lost and Spark has not
+        replaced it): the restart waits up to ``shrink_timeout`` for every rank's slot, then starts with as many
+        ranks as the free slots hold, down to ``min_ranks`` (the ranks see the new world size: ``WORLD_SIZE``,
+        ``hvd.size()``; ``dataframe_shard()`` shares the rows out among them); below that it waits up to
+        ``slot_wait_timeout`` and then fails. Default (None): the run's own number, every restart at full size.
+        See docs/restarts.md.
+    :param shrink_timeout: seconds (or a timedelta, default 30): how long a restart with ``min_ranks`` below the
+        run's ranks waits for the task slots of every rank before it starts with fewer.
     """
 
     driver_log_verbosity: str = _setting("log_callback_only", check_verbosity)
@@ -286,6 +322,8 @@ class RunSettings:
     outcome_timeout: float = _setting(DEFAULT_OUTCOME_TIMEOUT_S, check_outcome_timeout)
     max_restarts: int = _setting(0, check_max_restarts)
     restart_on_exceptions: tuple[str, ...] = _setting((), exception_names)
+    min_ranks: int | None = _setting(None, check_min_ranks)
+    shrink_timeout: float = _setting(DEFAULT_SHRINK_TIMEOUT_S, check_shrink_timeout)
 
     @classmethod
     def from_kwargs(cls, given: Mapping[str, Any], owner: str, /, **defaults: Any) -> RunSettings:
@@ -321,6 +359,7 @@ class RunSettings:
             "resume_from": None if self.resume_from is None else self.resume_from.get("path"),
             "max_restarts": self.max_restarts,
             "restart_on_exceptions": ",".join(self.restart_on_exceptions) or None,
+            "min_ranks": self.min_ranks,
         }
 
 

@@ -96,7 +96,7 @@ class TorchDistributor(_Runner):
     ) -> None:
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
             raise SettingError(f"num_processes has to be a positive integer, not {num_processes!r}")
-        self._settings(RunSettings.from_kwargs(settings, "TorchDistributor", **PYSPARK_DEFAULTS))
+        self._settings(RunSettings.from_kwargs(settings, "TorchDistributor", **PYSPARK_DEFAULTS), num_processes)
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)

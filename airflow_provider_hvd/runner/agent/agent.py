@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import json
 import os
 import secrets
 import select
@@ -31,6 +32,7 @@ from typing import cast
 
 from .. import reaper
 from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
+from ..rank.preemption import NOTICE_FILE_ENV
 from ..rank.stacks import STACKS_FILE_ENV
 from ..shared import torch_env
 from ..shared.liveness import Liveness
@@ -41,6 +43,7 @@ from ..shared.messages import (
     DriverMessage,
     DumpStacks,
     Hello,
+    Notice,
     RankCheckpoint,
     RankError,
     RankMetrics,
@@ -123,6 +126,7 @@ class _RankProcess:
         # the rank's own files: removed by its reaper as it ends, and here once the reaper ended (whoever ends it)
         self.folder = tempfile.mkdtemp(prefix=f"hvd-rank{rank}-")
         self.stacks = StackFile(self.folder)
+        self.notice_path = os.path.join(self.folder, "preemption-notice.json")  # (rank.preemption reads it)
         token = secrets.token_hex(16)
         self._splitter = OutputSplitter(message_marker(token))
         ctl_read, ctl_write = os.pipe()
@@ -131,6 +135,7 @@ class _RankProcess:
             CONTROL_FD_ENV: str(ctl_write),
             LOG_TOKEN_ENV: token,
             STACKS_FILE_ENV: self.stacks.path,
+            NOTICE_FILE_ENV: self.notice_path,
             reaper.RANK_DIR_ENV: self.folder,
             **torch_env.error_file_env(env, self.folder),
         }
@@ -299,6 +304,15 @@ class _RankProcess:
                 self._messages_cond.notify_all()
             self.reported.set()  # the rank is gone, whether it reported or not
 
+    def take_notice(self, notice: Notice) -> None:
+        """Write the driver's preemption notice where the rank reads it, whole or not at all."""
+        try:
+            with tempfile.NamedTemporaryFile("w", dir=self.folder, delete=False, suffix=".tmp") as file:
+                json.dump(dataclasses.asdict(notice), file)
+            os.replace(file.name, self.notice_path)
+        except OSError:
+            pass  # the rank has ended: its folder is gone
+
     def dump_stacks(self) -> RankState:
         """The rank's Python stacks, for the driver (.stacks)."""
         return self.stacks.dump(lambda: self._control_open and self.proc.poll() is None)
@@ -334,8 +348,11 @@ class _RankProcess:
 def _watch_driver(watch: DriverWatch, rank_process: _RankProcess) -> None:
     try:
         message = watch.receive()
-        while isinstance(message, DumpStacks):  # the run stalled, or the driver was interrupted
-            watch.send(rank_process.dump_stacks())
+        while isinstance(message, DumpStacks | Notice):
+            if isinstance(message, Notice):  # a host of the run's ranks is being decommissioned
+                rank_process.take_notice(message)
+            else:  # the run stalled, or the driver was interrupted
+                watch.send(rank_process.dump_stacks())
             message = watch.receive()
         reason = message.reason if isinstance(message, Abort) else f"unexpected {type(message).__name__}"
     except (ConnectionClosed, OSError):

@@ -41,7 +41,17 @@ class TaskEnded:
     reason: str
 
 
-LaunchEvent = LaunchFailed | TaskEnded
+@dataclass(frozen=True)
+class Decommissioning:
+    """Spark is decommissioning executors on these hosts (their nodes are being reclaimed): each host, and Spark's
+    words for it; when it began, and when the hosts are expected to go (where Spark's settings say)."""
+
+    hosts: dict[str, str]
+    at: float  # time.time()
+    deadline: float | None = None
+
+
+LaunchEvent = LaunchFailed | TaskEnded | Decommissioning
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,29 @@ class Stalled:
         return f"the run stalled: no rank wrote output or reported progress for {self.seconds:.0f}s (stall_timeout)"
 
 
+@dataclass(frozen=True)
+class Preempted:
+    """The run's event: Spark is decommissioning a host of its ranks, and a checkpoint was reported since the ranks
+    were told: the attempt ends there, to start again without that host (``max_restarts``)."""
+
+    hosts: dict[str, str]  # each host being decommissioned, and Spark's words for it
+    ranks: tuple[int, ...]  # the ranks on them
+    checkpoint: str  # the path of the checkpoint reported after the notice
+
+    def reason(self) -> str:
+        hosts = ", ".join(f"{host} ({words})" for host, words in sorted(self.hosts.items()))
+        return f"Spark is decommissioning the host(s) {hosts} of this run's ranks"
+
+
 Event = (
-    RankSucceeded | RankFailed | AgentLost | AgentFailed | LaunchFailed | StartTimedOut | Cancelled | HostLost | Stalled
+    RankSucceeded
+    | RankFailed
+    | AgentLost
+    | AgentFailed
+    | LaunchFailed
+    | StartTimedOut
+    | Cancelled
+    | HostLost
+    | Stalled
+    | Preempted
 )

@@ -396,15 +396,16 @@ class Host:
         job = KeptJob(self._read_job(), keep=spec.max_restarts > 0)
         launcher: SparkLauncher | None = None
 
-        def attempt(number: int) -> Supervisor:
+        def attempt(number: int, size: int | None) -> Supervisor:
             nonlocal launcher
+            assert size is None, "a submitted run restarts with its own size (no capacity: submit() refuses min_ranks)"
             launcher = self._launcher(ranks, launcher)
             self._supervisor = self._new_supervisor(launcher, job.take(), progress, tracking, number)
             return self._supervisor
 
         policy = RestartPolicy(spec.max_restarts, spec.restart_on_exceptions)
         listeners = [tracking] if tracking is not None else []
-        return RunController(attempt, progress, policy, self._cancelled, spec.naming.runner, listeners)
+        return RunController(attempt, progress, policy, self._cancelled, spec.naming.runner, listeners=listeners)
 
     def _launcher(self, ranks: SparkSession, previous: SparkLauncher | None) -> SparkLauncher:
         """An attempt's launcher in the ranks' session; a run on a DataFrame builds and plans it for the first

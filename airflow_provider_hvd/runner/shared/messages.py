@@ -285,6 +285,18 @@ class DumpStacks(Message):
 
 
 @dataclass(frozen=True)
+class Notice(Message):
+    """Driver -> agent: a host of the run's ranks is being decommissioned (what ``preemption_notice()`` returns)."""
+
+    KIND: ClassVar[Kind] = Kind.NOTICE
+    at: float  # when Spark began decommissioning (time.time())
+    deadline: float | None  # when the host is expected to go, where Spark's settings say
+    hosts: list[str]
+    ranks: list[int]
+    reason: str
+
+
+@dataclass(frozen=True)
 class RankReady(Message):
     """Rank process -> agent (control pipe), first thing: its pid, and the signal that makes it write its stacks."""
 
@@ -300,7 +312,7 @@ _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, Ran
 _BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})
 _BY_KIND[Returned.KIND] = Returned
 _BY_KIND[ShardProgress.KIND] = ShardProgress
-_BY_KIND.update({cls.KIND: cls for cls in (RankState, DumpStacks, RankReady)})
+_BY_KIND.update({cls.KIND: cls for cls in (RankState, DumpStacks, RankReady, Notice)})
 
 
 def send(stream: FrameStream, message: Message) -> None:

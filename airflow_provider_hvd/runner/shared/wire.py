@@ -48,6 +48,7 @@ class Kind(enum.IntEnum):
     START = 10
     ABORT = 12
     DRIVER_ALIVE = 13  # heartbeat (.liveness)
+    NOTICE = 16  # a host of the run's ranks is being decommissioned (rank.preemption)
     # rank process -> agent (control pipe)
     ERROR = 20
     MESSAGE = 21

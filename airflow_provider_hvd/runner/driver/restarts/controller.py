@@ -8,6 +8,11 @@ caller's, fed by each supervisor), the cancel flag, and the record of each attem
 ends every rank, its launch (processes, Spark job, shard files, the job's broadcast) and its rendezvous before
 it returns or raises: nothing of an attempt is left when the next starts. The controller runs on the caller's
 thread and starts none of its own.
+
+Each attempt's size: the first is the run's own; a restart asks ``capacity`` (on Spark: the launcher's bounded
+wait for task slots, which first drops the executors of the hosts the last attempt lost) how many ranks the
+next one starts with, down to ``min_ranks``. A restart after a preemption (the attempt was told a host of its
+ranks is being decommissioned: :attr:`Attempt.preempted`) does not spend ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...errors import HorovodRunnerError, RunCancelledError
+from ...errors import HorovodRunnerError, LaunchError, RunCancelledError
 from ...settings import describe_checkpoint
 from ...shared.wire import Body
 from ..tracking.progress import RunProgress
@@ -40,6 +45,12 @@ class Attempt(Protocol):
     """One attempt of the run: what the controller asks of its :class:`~..watch.supervisor.Supervisor`."""
 
     size: int
+    #: the hosts of the executors this attempt lost with a host (Spark counts their task slots until it declares
+    #: them lost, a minute or two later): the next attempt's size is counted without them
+    lost_hosts: tuple[str, ...]
+    #: the attempt ended for a preemption: a host of its ranks was being decommissioned, and it ended at the
+    #: checkpoint reported after the notice, or by the loss of ranks the notice announced
+    preempted: bool
 
     def run_raw(self) -> Body:
         """Run the attempt to its end: rank 0's pickled value, or the error naming the attempt's cause."""
@@ -56,6 +67,11 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+#: the next attempt's size after one that lost the executors of these hosts: waits (bounded) for the task slots,
+#: raises LaunchError when fewer than ``min_ranks`` came, RunCancelledError when the run was cancelled meanwhile
+Capacity = Callable[[tuple[str, ...]], int]
+
+
 @dataclass
 class AttemptRecord:
     """One attempt: its number (from 1), its ranks, when it ran, the checkpoint it resumed from, how it ended."""
@@ -67,6 +83,7 @@ class AttemptRecord:
     ended_at: float | None = None
     cause_kind: str | None = None  # (CauseKind's value) None while it runs, and when it succeeded
     cause: str | None = None  # the first line of its error
+    preempted: bool = False  # it ended for a preemption: its restart did not spend max_restarts
 
     def as_dict(self) -> dict[str, Any]:
         """The record as JSON data (``HorovodRunner.attempts``, a progress sink's ``restarts``)."""
@@ -78,31 +95,36 @@ class AttemptRecord:
             "cause_kind": self.cause_kind,
             "cause": self.cause,
             "resumed_from": self.resumed_from,
+            "preempted": self.preempted,
         }
 
     def line(self) -> str:
         """The attempt in one line, for the run's error."""
         start = "from the start" if self.resumed_from is None else f"from {describe_checkpoint(self.resumed_from)}"
         ranks = "" if self.size is None else f"{self.size} ranks, "
-        end = "succeeded" if self.ended_at is not None and self.cause is None else f"{self.cause} [{self.cause_kind}]"
+        kind = f"{self.cause_kind}, a preemption" if self.preempted else self.cause_kind
+        end = "succeeded" if self.ended_at is not None and self.cause is None else f"{self.cause} [{kind}]"
         return f"attempt {self.number} ({ranks}{start}): {end}"
 
 
 class RunController:
-    """Runs attempts made by ``start_attempt(number)`` until one succeeds, the policy says no new one can get past
-    the last one's cause, the budget is spent, or ``cancelled()``; ``progress`` lasts across them. ``progress``
-    and ``listeners`` hear the record of each attempt as each one starts (its size known) and ends."""
+    """Runs attempts made by ``start_attempt(number, size)`` (``size`` None: the run's own) until one succeeds,
+    the policy says no new one can get past the last one's cause, the budget is spent, or ``cancelled()``;
+    ``progress`` lasts across them. ``capacity`` gives a restart's size (None: always the run's own).
+    ``progress`` and ``listeners`` hear the record of each attempt as each one starts (its size known) and ends."""
 
     def __init__(
         self,
-        start_attempt: Callable[[int], Attempt],
+        start_attempt: Callable[[int, int | None], Attempt],
         progress: RunProgress,
         policy: RestartPolicy,
         cancelled: Callable[[], bool],
         runner: str,
+        capacity: Capacity | None = None,
         listeners: Sequence[AttemptsListener] = (),
     ) -> None:
         self._start_attempt = start_attempt
+        self._capacity = capacity
         self._progress = progress
         self._listeners: list[AttemptsListener] = [progress, *listeners]
         self._policy = policy
@@ -124,22 +146,26 @@ class RunController:
     def run_raw(self) -> Body:
         """Rank 0's value (still pickled) from the attempt that succeeded; else the last attempt's error, its
         message saying, where the run could restart, why it did not and how each attempt ended."""
+        size: int | None = None
         while True:
             record = AttemptRecord(len(self.records) + 1, time.time(), self._progress.resume_point())
             self.records.append(record)
             try:
-                self._current = attempt = self._start_attempt(record.number)
+                self._current = attempt = self._start_attempt(record.number, size)
                 record.size = attempt.size
                 self._tell_listeners()
                 body = attempt.run_raw()
             except HorovodRunnerError as error:
+                current = self._current
+                record.preempted = current is not None and current.preempted
+                lost = current.lost_hosts if current is not None else ()
                 self._ended(record, error)
                 error.attempts = self.attempts()
-                why_not = self._why_not(error)
+                why_not = self._why_not(error, record)
                 if why_not is not None:
                     self._tell(error, why_not)
                     raise
-                self._restart(error)
+                size = self._restart(error, record, lost)
                 continue
             except BaseException as error:  # an interrupt (Ctrl-C, Airflow's timeout): the run ends with it
                 self._ended(record, error)
@@ -160,11 +186,16 @@ class RunController:
         for listener in self._listeners:
             listener.take_attempts(records)
 
-    def _why_not(self, error: HorovodRunnerError) -> str | None:
-        """Why the run does not restart after ``error``; None when it does."""
+    def _spent(self) -> int:
+        """The restarts spent so far (or about to be, after the last attempt): a preemption's are not."""
+        return sum(not record.preempted for record in self.records)
+
+    def _why_not(self, error: HorovodRunnerError, last: AttemptRecord) -> str | None:
+        """Why the run does not restart after ``error`` (``last``'s); None when it does."""
         why = self._policy.why_not(error)
-        if why is None and len(self.records) > self._policy.max_restarts:
-            why = f"its {self._policy.max_restarts} restart(s) are spent (max_restarts={self._policy.max_restarts})"
+        budget = self._policy.max_restarts
+        if why is None and (budget == 0 or (not last.preempted and self._spent() > budget)):
+            why = f"its {budget} restart(s) are spent (max_restarts={budget})"
         return why
 
     def _tell(self, error: HorovodRunnerError, why_not: str) -> None:
@@ -180,26 +211,51 @@ class RunController:
         first, newline, rest = str(error).partition("\n")
         error.args = (f"{first}\n{note}{newline}{rest}", *error.args[1:])
 
-    def _restart(self, error: HorovodRunnerError) -> None:
-        """Say the restart (and what it resumes from); a cancel that came meanwhile ends the run here."""
+    def _restart(self, error: HorovodRunnerError, last: AttemptRecord, lost: tuple[str, ...]) -> int | None:
+        """The next attempt's size (None: the run's own), once said with what it resumes from; a cancel that came
+        meanwhile ends the run here, and so does a restart that cannot get ``min_ranks`` task slots."""
+        size = None
+        if self._capacity is not None and not self._cancelled():
+            try:
+                size = self._capacity(lost)
+            except RunCancelledError:
+                pass  # said below, as any cancel between attempts
+            except HorovodRunnerError as failed:
+                raise self._could_not_restart(error, failed) from error
         point = self._progress.resume_point()
         resume = f"resuming from {describe_checkpoint(point)}" if point else "starting afresh (no checkpoint reported)"
-        restarts = len(self.records)
-        log.warning(
-            "%s: restart %d of %d after %s: %s",
-            self._runner,
-            restarts,
-            self._policy.max_restarts,
-            _first_line(error),
-            resume,
-        )
+        requested = self.records[0].size
+        if size is not None and requested is not None and size != requested:
+            resume = f"{size} ranks instead of {requested}, {resume}"
+        if last.preempted:
+            restart = f"restart after a preemption (not counted in max_restarts={self._policy.max_restarts})"
+        else:
+            restart = f"restart {self._spent()} of {self._policy.max_restarts}"
+        log.warning("%s: %s after %s: %s", self._runner, restart, _first_line(error), resume)
         if self._cancelled():
+            number = len(self.records)
             cancelled = RunCancelledError(
-                f"{self._runner}: the run was cancelled between attempts: attempt {restarts} had ended "
-                f"({_first_line(error)}), and no attempt {restarts + 1} started; every rank was ended"
+                f"{self._runner}: the run was cancelled between attempts: attempt {number} had ended "
+                f"({_first_line(error)}), and no attempt {number + 1} started; every rank was ended"
             )
             cancelled.attempts = self.attempts()
             raise cancelled from error
+        return size
+
+    def _could_not_restart(self, error: HorovodRunnerError, failed: HorovodRunnerError) -> HorovodRunnerError:
+        """The run's error when a restart could not get its task slots: what it waited for, and each attempt."""
+        number = len(self.records)
+        attempts = [f"  {record.line()}" for record in self.records]
+        text = "\n".join(
+            [
+                f"{self._runner}: could not restart after attempt {number} ({_first_line(error)}): {failed}",
+                f"{number} attempt(s) ran:",
+                *attempts,
+            ]
+        )
+        could_not = LaunchError(text)
+        could_not.attempts = self.attempts()
+        return could_not
 
 
 class KeptJob:

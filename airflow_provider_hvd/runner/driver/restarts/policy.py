@@ -5,8 +5,8 @@ The supervisor decides an attempt's cause, the first real failure and never a co
 :class:`~...errors.CauseKind`). A run restarts on the kinds that are not its code's own: a rank's process killed
 by a signal or the OOM killer, a lost agent, executor or host, ranks that died without a word of their own
 (their peers' errors alone), a stall, ranks that never started, Spark failing the barrier job's task once the
-ranks ran. An exception raised in ``main`` is the code's own, unless ``restart_on_exceptions`` names its type
-or a base of it.
+ranks ran, a host being decommissioned (a preemption). An exception raised in ``main`` is the code's own, unless
+``restart_on_exceptions`` names its type or a base of it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ RESTARTED = frozenset(
         CauseKind.STALL,
         CauseKind.NOT_STARTED,
         CauseKind.SPARK_JOB,
+        CauseKind.PREEMPTED,
     }
 )
 

@@ -19,6 +19,7 @@ from ..events import (
     Event,
     HostLost,
     LaunchFailed,
+    Preempted,
     RankFailed,
     Stalled,
     StartTimedOut,
@@ -71,6 +72,8 @@ def abort_reason(cause: Event) -> str:
         return "the ranks did not all start in time"
     if isinstance(cause, Stalled):
         return cause.reason()
+    if isinstance(cause, Preempted):
+        return f"{cause.reason()}: the run starts again without them"
     if isinstance(cause, HostLost):
         return f"the host {cause.host()} of {ranks_text(cause.ranks)} was lost"
     assert isinstance(cause, FAILURES)
@@ -130,6 +133,8 @@ def cause_kind(cause: Event, before_start: bool) -> CauseKind:
         return CauseKind.CANCELLED
     if isinstance(cause, Stalled):
         return CauseKind.STALL
+    if isinstance(cause, Preempted):
+        return CauseKind.PREEMPTED
     if isinstance(cause, StartTimedOut):
         return CauseKind.NOT_STARTED
     if isinstance(cause, LaunchFailed):  # before the start, Spark had given up on its own retries of the tasks
@@ -181,6 +186,11 @@ def _error(
         return RunCancelledError(f"{naming.runner}: the run was cancelled{when}")
     if isinstance(cause, Stalled):
         return stall_error(cause, naming.runner)
+    if isinstance(cause, Preempted):
+        return HorovodRunnerError(
+            f"{naming.runner}: {cause.reason()}, where {ranks_text(cause.ranks)} of {outcome.size} ran: the attempt "
+            f"ended at the checkpoint reported after the ranks were told, {cause.checkpoint}"
+        )
     if isinstance(cause, StartTimedOut):
         dataframe = (
             ""

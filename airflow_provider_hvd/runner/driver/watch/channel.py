@@ -48,6 +48,7 @@ from ...shared.messages import (
     LogBatch,
     Message,
     Metrics,
+    Notice,
     RankState,
     Result,
     Returned,
@@ -189,6 +190,13 @@ class AgentConnection:
             self._send(DumpStacks())
         except OSError:
             pass  # gone: no answer comes
+
+    def notice(self, notice: Notice) -> None:
+        """Tell the agent a host of the run's ranks is being decommissioned (it tells its rank)."""
+        try:
+            self._send(notice)
+        except OSError:
+            pass  # gone
 
     def abort(self, reason: str) -> None:
         try:

@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ...errors import CauseKind
 from ...shared.gpus import GPU
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
-from ...shared.messages import Done, Hello, Message, Returned, ShardProgress, Start, unpickle
+from ...shared.messages import Checkpoint, Done, Hello, Message, Notice, Returned, ShardProgress, Start, unpickle
 from ...shared.timing import ABORT_WAIT_S, LAUNCH_END_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
 from ...shared.wire import Body, new_secret
@@ -20,11 +21,13 @@ from ..events import (
     AgentFailed,
     AgentLost,
     Cancelled,
+    Decommissioning,
     Event,
     HostLost,
     Intruded,
     LaunchEvent,
     LaunchFailed,
+    Preempted,
     RankFailed,
     RankSucceeded,
     StartTimedOut,
@@ -38,7 +41,7 @@ from ..ranks.plan import gpus_by_node
 from ..tracking.progress import RunProgress
 from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
 from ..verdict.outcome import Phase, RunOutcome
-from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
+from ..verdict.report import abort_reason, describe_exit, lost_after_return, ranks_text, run_error
 from ..verdict.stacks import where_ranks_were
 from .channel import AgentConnection, ChannelEvent, DriverChannel
 from .dataframe_progress import DataFrameProgress
@@ -48,6 +51,16 @@ from .stalls import StallWatch, activity_period, collect_stacks
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _POLL_S = 0.2
+# what a host that goes away brings: after a preemption notice, an attempt that ends so ended for the preemption
+_PREEMPTION_ENDS = {CauseKind.PREEMPTED, CauseKind.SIGNAL, CauseKind.AGENT_LOST, CauseKind.HOST_LOST}
+_PREEMPTION_ENDS |= {CauseKind.PEER_LOST, CauseKind.SPARK_JOB}
+
+
+def executor_host(hello: Hello) -> str | None:
+    """The host of the Spark executor an agent ran in, as Spark names it (None for an agent of a local run)."""
+    if hello.executor is None:
+        return None
+    return hello.executor.rpartition(":")[0].strip("[]") or None
 
 
 class Tracking(Protocol):
@@ -76,6 +89,7 @@ class Supervisor:
         exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S,
         tracking: Tracking | None = None,
         attempt: int = 1,
+        end_on_preemption: bool = False,
     ) -> None:
         self.launcher = launcher
         self.attempt = attempt  # the run's attempt (..restarts): one Supervisor each
@@ -104,6 +118,15 @@ class Supervisor:
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
         self._dataframe: DataFrameProgress | None = None  # a run on a DataFrame: its rows on their way (in _watch)
+        self.lost_hosts: tuple[str, ...] = ()  # the hosts (Spark's executor hosts) of the ranks lost with a host
+        self.preempted = False  # (..restarts) it ended for a preemption of a host of its ranks
+        # preemption: the hosts Spark is decommissioning (Spark's words for each, when it began, the deadline), the
+        # notice the ranks were given, and the first checkpoint reported since; with end_on_preemption (the run
+        # restarts) the attempt ends at that checkpoint
+        self._end_on_preemption = end_on_preemption
+        self._decommissioning: Decommissioning | None = None
+        self._notice: Notice | None = None
+        self._checkpoint_after_notice: str | None = None
 
     def run(self) -> Any:
         return unpickle(self.run_raw())  # (pickle.load reads cloudpickle's data: a large result piece by piece)
@@ -124,7 +147,7 @@ class Supervisor:
                 host, secret, self.size, port, self._liveness, tls, self._runner, self.attempt
             ),
         )
-        channel.on_progress = self._progress.take if self._tracking is None else self._take_report
+        channel.on_progress = self._take_report
         try:
             where = self._kind.open(driver)
             self._kind_open = True
@@ -167,6 +190,9 @@ class Supervisor:
             self._clean_up(channel)
         error = run_error(self._outcome, self._task_reasons.get, self._kind.name, self._naming)
         if error is not None:
+            self.preempted = self._notice is not None and error.cause_kind in _PREEMPTION_ENDS
+            if self.preempted and self._notice is not None:  # the next attempt is counted without them
+                self.lost_hosts = tuple(sorted({*self.lost_hosts, *self._notice.hosts}))
             raise error
         rank0 = next(conn for conn in self._agents if conn.rank == 0)
         assert rank0.result is not None
@@ -192,9 +218,12 @@ class Supervisor:
                 log.exception("%s: could not %s", self._runner, what)
 
     def _take_report(self, rank: int | None, message: Message) -> None:
+        """A rank's metrics or checkpoint, on the channel's thread."""
         self._progress.take(rank, message)
-        assert self._tracking is not None
-        self._tracking.take(rank, message)
+        if self._tracking is not None:
+            self._tracking.take(rank, message)
+        if isinstance(message, Checkpoint) and self._notice is not None and self._checkpoint_after_notice is None:
+            self._checkpoint_after_notice = message.path  # (the watch ends the attempt at its next pass)
 
     def _running(self) -> list[AgentConnection]:
         """The agents whose rank process runs (its ``main``, or its exit work)."""
@@ -219,6 +248,7 @@ class Supervisor:
             self._check_dataframe(now)
             self._check_start_timeout(now)
             self._check_stall(now)
+            self._check_preemption()
             self._check_exit_timeout(now)
             if self._check_abort_deadline(now):
                 return
@@ -291,6 +321,44 @@ class Supervisor:
             log.warning("%s: %s; the ranks' Python stacks:\n%s", self._runner, stalled.reason(), stalled.dumps())
             self._record(stalled)
 
+    def _check_preemption(self) -> None:
+        """Spark is decommissioning a host of the running ranks: every rank is told once (``preemption_notice()``);
+        with ``end_on_preemption``, the attempt ends at the first checkpoint reported since."""
+        if self._outcome.phase is not Phase.RUNNING or self._decommissioning is None:
+            return
+        if self._notice is None:
+            self._tell_of_preemption(self._decommissioning)
+        elif self._end_on_preemption and self._checkpoint_after_notice is not None:
+            hosts = {host: self._decommissioning.hosts[host] for host in self._notice.hosts}
+            self._record(Preempted(hosts, tuple(self._notice.ranks), self._checkpoint_after_notice))
+
+    def _tell_of_preemption(self, decommissioning: Decommissioning) -> None:
+        on_hosts = {
+            conn.rank: host
+            for conn in self._running()
+            if conn.hello is not None and (host := executor_host(conn.hello)) in decommissioning.hosts
+        }
+        if not on_hosts:
+            return  # (the run's own hosts are not among them)
+        hosts = sorted({host for host in on_hosts.values() if host is not None})
+        ranks = sorted(rank for rank in on_hosts if rank is not None)
+        reason = "; ".join(f"{host}: {decommissioning.hosts[host]}" for host in hosts)
+        self._notice = Notice(decommissioning.at, decommissioning.deadline, hosts, ranks, reason)
+        deadline = decommissioning.deadline
+        log.warning(
+            "%s: Spark is decommissioning the host(s) %s of %s (%s)%s: every rank is told (preemption_notice()); %s",
+            self._runner,
+            ", ".join(hosts),
+            ranks_text(tuple(ranks)),
+            reason,
+            f", which go within {deadline - time.time():.0f}s" if deadline is not None else "",
+            "the attempt ends at the next checkpoint reported, and the run starts again without them"
+            if self._end_on_preemption
+            else "without max_restarts the run fails when they go, and a retry resumes from the last checkpoint",
+        )
+        for conn in self._running():
+            conn.notice(self._notice)
+
     def _check_exit_timeout(self, now: float) -> None:
         """Every rank returned (the run succeeded): their exit work gets ``exit_timeout``, then those still in it
         are ended."""
@@ -332,6 +400,10 @@ class Supervisor:
         for event in events:
             if isinstance(event, TaskEnded):
                 self._task_reasons[event.task] = event.reason
+            elif isinstance(event, Decommissioning):  # (the launcher tells each host once)
+                known = self._decommissioning
+                hosts = event.hosts if known is None else {**known.hosts, **event.hosts}
+                self._decommissioning = Decommissioning(hosts, event.at if known is None else known.at, event.deadline)
             else:
                 self._launch_failure = event  # (its words may improve: Spark's reason for a task comes later)
 
@@ -510,6 +582,8 @@ class Supervisor:
             "network between it and this driver is cut"
         )
         returned = all(lost.returned for lost in [conn, *others])
+        executors = {executor_host(lost.hello) for lost in [conn, *others] if lost.hello is not None}
+        self.lost_hosts = tuple(sorted({*self.lost_hosts, *(host for host in executors if host is not None)}))
         self._record(HostLost(ranks, host, conn.hello.hostname, detail, received_at, after_return=returned))
         return True
 

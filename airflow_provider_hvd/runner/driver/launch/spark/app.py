@@ -50,6 +50,18 @@ class SparkApp(Protocol):
 
     def driver_address(self) -> DriverAddress: ...
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None: ...
+    def restart_slots(
+        self,
+        tasks: int,
+        min_tasks: int,
+        lost_hosts: tuple[str, ...],
+        waits: tuple[float, float],
+        cancelled: Callable[[], bool],
+    ) -> int:
+        """A restart's tasks, ``min_tasks`` to ``tasks``, once their slots are free
+        (:func:`.capacity.wait_for_restart_slots`; ``waits``: its ``shrink_timeout`` and ``slot_wait_timeout``), the
+        executors on ``lost_hosts`` not counted."""
+
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         """Hand the pickled job to Spark; the task's way to read it (pickled into the task)."""
 
@@ -84,6 +96,13 @@ class SparkApp(Protocol):
 
     def stopped(self) -> str | None:
         """Why the run cannot go on when the application has stopped; None while it runs."""
+
+    def decommissioning(self) -> dict[str, tuple[float, str]]:
+        """The hosts whose executors Spark is decommissioning: when it began (``time.time()``) and Spark's words
+        (empty where the application cannot tell: over Spark Connect)."""
+
+    def decommission_deadline(self) -> float | None:
+        """How long a decommissioned executor has before it is killed, where Spark's settings say (seconds)."""
 
 
 def arrow_task(task: BarrierTask, reads_input: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:

@@ -34,12 +34,12 @@ from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ....shared.shards import FeedSpec
 from ....shared.timing import FEED_LOG_S, LAUNCH_END_WAIT_S
-from ...events import LaunchEvent, LaunchFailed, Task, TaskCounts, TaskEnded
+from ...events import Decommissioning, LaunchEvent, LaunchFailed, Task, TaskCounts, TaskEnded
 from .app import BarrierTask, SparkApp
 from .classic import ClassicApp
 from .cluster import is_connect, summary
 from .connect import ConnectApp
-from .dataframe_plan import ShardPlan, count_partitions, plan_shards
+from .dataframe_plan import ShardPlan, count_partitions, plan_shards, resize_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _TASK_FAILURE_POLL_S = 1.0
+_DECOMMISSION_POLL_S = 1.0  # how often the scheduler's record of executors being decommissioned is read
 _TASK_REASON_WAIT_S = 5.0  # a killed task's end reaches Spark's status store seconds after its agent is lost
 _JOB_END_WAIT_S = 60.0  # a cancelled job's end is waited for so long; then it is left to Spark
 # once the job has ended, its killed tasks' ends are waited for so long: Spark kills their Python workers at once,
@@ -193,8 +194,25 @@ class SparkLauncher:
         self._poll_error_logged = False
         self._stop_reason: str | None = None
         self._cancel_sent = False
+        self._next_decommission_poll = 0.0
+        self._decommissioning: set[str] = set()  # the hosts told of (Decommissioning)
         if dataframe is not None:
             self.plan(dataframe)
+
+    def restart_size(
+        self, ranks: int, min_ranks: int, lost_hosts: tuple[str, ...], shrink_timeout: float, timeout: float
+    ) -> int:
+        """The ranks of the restart after this launcher's attempt: ``ranks`` once the slots of all are free, fewer
+        (down to ``min_ranks``) once ``shrink_timeout`` passed without them (:meth:`.app.SparkApp.restart_slots`;
+        the executors on ``lost_hosts`` not counted); LaunchError after ``timeout`` below ``min_ranks``."""
+        tasks, min_tasks = ranks // self.per_task, -(-min(min_ranks, ranks) // self.per_task)
+        waits = (shrink_timeout, timeout)
+        return self.app.restart_slots(tasks, min_tasks, lost_hosts, waits, self.cancelled) * self.per_task
+
+    def resized(self, plan: ShardPlan, dataframe: DataFrame) -> None:
+        """A restart's launcher: ``plan`` (the last attempt's), shared out anew where this one has another size."""
+        same = plan.feed.ranks == self.size
+        self.shard_plan = plan if same else resize_plan(plan, dataframe, self.size, self.per_task)
 
     def plan(self, dataframe: DataFrame) -> None:
         """A run on ``dataframe``: its rows counted here (one Spark job, which a cancel interrupts; its errors
@@ -344,11 +362,29 @@ class SparkLauncher:
             self._next_poll = time.monotonic() + _TASK_FAILURE_POLL_S
             self._stop_reason = self._poll()
         events: list[LaunchEvent] = self._tasks_ended()
+        if self._thread is not None and time.monotonic() >= self._next_decommission_poll:
+            self._next_decommission_poll = time.monotonic() + _DECOMMISSION_POLL_S
+            events += self._decommissioned()
         failure = self._launch_failure()
         if failure is not None and failure != self._failure_told:
             self._failure_told = failure
             events.append(failure)
         return events
+
+    def _decommissioned(self) -> list[LaunchEvent]:
+        """The hosts Spark began decommissioning since the last poll (where the application tells), as one event."""
+        try:
+            seen = self.app.decommissioning()
+            found = {host: when for host, when in seen.items() if host not in self._decommissioning}
+        except Exception:  # noqa: BLE001 - a py4j error (the scheduler's maps change under the read): next poll
+            return []
+        if not found:
+            return []
+        self._decommissioning.update(found)
+        at = min(when for when, _ in found.values())
+        grace = self.app.decommission_deadline()
+        hosts = {host: words for host, (_, words) in found.items()}
+        return [Decommissioning(hosts, at, None if grace is None else at + grace)]
 
     def _tasks_ended(self) -> list[LaunchEvent]:
         """Spark's reason for each task of the job it ended, told once each."""

@@ -6,6 +6,12 @@ cluster that could hold the job is waited for (with a report every 30 s), up to 
 never fit (more ranks than a local master's cores or a standalone cluster's) is refused at once. A classic
 application's slots are its SparkContext's; a Spark Connect server's are counted by its Spark UI's REST API
 (:mod:`.server_ui`), where the UI answers.
+
+A restart (``max_restarts``) waits for its slots too (:func:`wait_for_restart_slots`): with ``min_ranks`` below the
+run's ranks it starts with fewer once ``shrink_timeout`` has passed without them all. Its count leaves out the
+executors of a host the last attempt lost: Spark counts a vanished host's slots until it declares its executors
+lost (a minute or two), so the launcher drops them first (a classic SparkContext), or the count skips them (a
+Connect server's REST API).
 """
 
 from __future__ import annotations
@@ -281,6 +287,7 @@ class SlotCount:
         self.settings = capacity_settings(conf)
         self.host_slots = 0  # the slots a submitted run's host holds beside its ranks' (durable/submit.py)
         self.host_running = False  # the wait is that host's own, for its ranks: its slots are among the busy ones
+        self.lost_hosts: tuple[str, ...] = ()  # hosts whose executors are not counted (a restart's: they were lost)
 
     def needed(self, size: int) -> int:
         """The free slots a job of ``size`` tasks waits for: its host's too, unless the host holds them already."""
@@ -374,7 +381,7 @@ class ConnectSlots(SlotCount):
 
     def now(self) -> tuple[int, int]:
         assert self.ui is not None, "the server's UI counts the slots"
-        return executor_slots(self.ui, self.app_id)
+        return executor_slots(self.ui, self.app_id, self.lost_hosts)
 
     def stopped(self, size: int) -> str | None:
         why = self._stopped()
@@ -504,3 +511,73 @@ def wait_for_free_slots(
             count.fits(size, total)
         time.sleep(POLL_S)
         slots, busy = count.now()
+
+
+def wait_for_restart_slots(
+    count: SlotCount,
+    tasks: int,
+    min_tasks: int,
+    shrink_timeout: float,
+    timeout: float,
+    cancelled: Callable[[], bool],
+    naming: RunnerNaming = HOROVOD_RUNNER,
+) -> int:
+    """A restart's tasks: ``tasks`` as soon as that many slots are free; once ``shrink_timeout`` has passed without
+    them, as many as are free if that is ``min_tasks`` or more; LaunchError once ``timeout`` has passed with fewer
+    than ``min_tasks``, RunCancelledError when ``cancelled()`` turns true meanwhile."""
+    started = time.monotonic()
+    next_report = started + FIRST_REPORT_S
+    while True:
+        slots, busy = count.now()
+        free, waited = slots - busy, time.monotonic() - started
+        if free >= tasks:
+            return tasks
+        if free >= min_tasks and waited >= shrink_timeout:
+            log.warning(
+                "%s: %d free Spark task slots %s of the %d of every rank, %.0fs after the restart began "
+                "(shrink_timeout=%gs): the next attempt runs %d ranks (min_ranks=%d)",
+                naming.runner,
+                free,
+                count.where,
+                tasks,
+                waited,
+                shrink_timeout,
+                free * naming.per_task,
+                min_tasks * naming.per_task,
+            )
+            return free
+        if cancelled():
+            raise RunCancelledError(f"the run was cancelled while waiting for {min_tasks} task slots {count.where}")
+        stopped = count.stopped(min_tasks)
+        if stopped is not None:
+            raise LaunchError(stopped)
+        if waited >= max(timeout, shrink_timeout):
+            fewer = (
+                f"Set min_ranks lower to go on with fewer ranks, give the cluster more executors, or wait longer "
+                f"(slot_wait_timeout, now {timeout:g}s)"
+            )
+            raise LaunchError(
+                f"waited {waited:.0f}s for {min_tasks * naming.per_task} ranks' free Spark task slots (min_ranks="
+                f"{min_tasks * naming.per_task} of {naming.call(tasks * naming.per_task)}) {count.where}, and the "
+                f"application has {free} free{_busy_note(busy)}{_lost_note(count.lost_hosts)}. {fewer}."
+            )
+        if time.monotonic() >= next_report:
+            log.warning(
+                "%s: the restart waits for %d free Spark task slots %s (at least %d); the application has %d free "
+                "(%.0fs waited, up to %gs)",
+                naming.runner,
+                tasks,
+                count.where,
+                min_tasks,
+                free,
+                waited,
+                max(timeout, shrink_timeout),
+            )
+            next_report = time.monotonic() + REPORT_EVERY_S
+        time.sleep(POLL_S)
+
+
+def _lost_note(hosts: tuple[str, ...]) -> str:
+    if not hosts:
+        return ""
+    return f" (the executors on {', '.join(hosts)}, lost with the last attempt, are not counted)"

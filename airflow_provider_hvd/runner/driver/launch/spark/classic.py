@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import re
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -13,13 +16,17 @@ from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ...events import TaskCounts
 from ..address import DriverAddress, spark_driver_address
 from .app import BarrierTask, JobStatus, arrow_barrier
-from .capacity import wait_for_slots
-from .cluster import is_local
+from .capacity import ClassicSlots, wait_for_restart_slots, wait_for_slots
+from .cluster import is_local, summary
 from .status import BarrierJobStatus
 
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
     from pyspark.sql import DataFrame
+
+log = logging.getLogger("airflow_provider_hvd.runner")
+
+DROP_WAIT_S = 5.0  # Spark takes the executors it was asked to kill out of its count within moments
 
 
 def read_broadcast(payload: Broadcast[bytes]) -> bytes:
@@ -29,6 +36,26 @@ def read_broadcast(payload: Broadcast[bytes]) -> bytes:
     # should stay there while the rank trains, nor after the run
     vars(payload).pop("_value", None)
     return job
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+DECOMMISSION_KILL_CONFS = ("spark.executor.decommission.forceKillTimeout", "spark.executor.decommission.killInterval")
+
+
+def spark_seconds(duration: str) -> float | None:
+    """A duration as Spark writes it (``60s``, ``2min``, ``500ms``, ``90``: seconds) in seconds; None if not one."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", duration.lower())
+    if match is None or match.group(2) not in ("", *_DURATION_UNITS):
+        return None
+    return float(match.group(1)) * _DURATION_UNITS.get(match.group(2), 1.0)
+
+
+def decommission_deadline(conf: Callable[[str], str | None]) -> float | None:
+    """Seconds a decommissioned executor has before it is killed (Spark's own force-kill timeout, or the interval
+    after which the cluster kills it), the shorter where both are set; None where neither is."""
+    found = [spark_seconds(value) for key in DECOMMISSION_KILL_CONFS if (value := conf(key))]
+    known = [seconds for seconds in found if seconds is not None]
+    return min(known) if known else None
 
 
 class ClassicApp:
@@ -54,6 +81,79 @@ class ClassicApp:
 
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
         wait_for_slots(self.sc, tasks, timeout, cancelled, self.naming)
+
+    def restart_slots(
+        self,
+        tasks: int,
+        min_tasks: int,
+        lost_hosts: tuple[str, ...],
+        waits: tuple[float, float],
+        cancelled: Callable[[], bool],
+    ) -> int:
+        count = ClassicSlots(self.sc, self.naming)
+        if lost_hosts and not self.local:
+            self._drop_executors(lost_hosts)
+            count.lost_hosts = lost_hosts
+        return wait_for_restart_slots(count, tasks, min_tasks, *waits, cancelled, self.naming)
+
+    def _drop_executors(self, hosts: tuple[str, ...]) -> None:
+        """Ask Spark to kill the executors on ``hosts`` (lost: Spark would count their task slots until it declared
+        them lost itself, a minute or two later, and a barrier job placed on them would never start), keeping
+        the application's number of executors (the cluster manager may start others); wait until Spark no longer
+        counts them."""
+        jsc = self.sc._jsc.sc()
+        scheduler, backend = jsc.taskScheduler(), jsc.schedulerBackend()
+        try:
+            executors = []
+            for host in hosts:
+                alive = scheduler.getExecutorsAliveOnHost(host)
+                executors += [e for e in str(alive.get().mkString(",")).split(",") if e] if alive.isDefined() else []
+                backend.killExecutorsOnHost(host)
+            deadline = time.monotonic() + DROP_WAIT_S
+            while any(backend.isExecutorActive(e) for e in executors) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        except Exception as exc:  # noqa: BLE001 - not a coarse-grained backend, or the SparkContext is stopping
+            log.warning(
+                "%s: could not remove the executors on the lost host(s) %s from Spark's count of task slots: %s",
+                self.naming.runner,
+                ", ".join(hosts),
+                summary(exc, first_line=True),
+            )
+            return
+        log.info(
+            "%s: Spark was asked to kill executor(s) %s on the lost host(s) %s: their task slots are not counted",
+            self.naming.runner,
+            ", ".join(executors) or "(none left)",
+            ", ".join(hosts),
+        )
+
+    def decommissioning(self) -> dict[str, tuple[float, str]]:
+        # the scheduler's own record (the standalone master's word on a worker, an executor's on its SIGPWR, YARN's
+        # on a node): the REST API and the status tracker show none of it
+        jsc = self.sc._jsc
+        if jsc is None or self.local:
+            return {}
+        scheduler = jsc.sc().taskScheduler()
+        pending = scheduler.executorsPendingDecommission()
+        if pending.isEmpty():
+            return {}
+        found: dict[str, tuple[float, str]] = {}
+        hosts = scheduler.executorIdToHost()
+        for executor in str(pending.keySet().mkString(",")).split(","):
+            state, host = pending.get(executor), hosts.get(executor)
+            if not executor or not state.isDefined() or not host.isDefined():
+                continue  # (removed meanwhile)
+            state = state.get()
+            words = (
+                "its worker is being decommissioned"
+                if state.workerHost().isDefined()
+                else "the executor is being decommissioned: its node or pod is going"
+            )
+            found[str(host.get())] = (int(state.startTime()) / 1000, f"executor {executor}: {words}")
+        return found
+
+    def decommission_deadline(self) -> float | None:
+        return decommission_deadline(self.conf)
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         self._payload = self.sc.broadcast(payload)  # Spark's copy (its driver-side blocks), the only one kept

@@ -26,9 +26,10 @@ from ....shared.timing import CONNECT_FIRST_PROGRESS_S
 from ...events import TaskCounts
 from ..address import DriverAddress, connect_driver_address, is_loopback
 from .app import BarrierTask, JobStatus, arrow_barrier
-from .capacity import check_connect_slots, jvm_mebibytes, spark_bytes
+from .capacity import ConnectSlots, check_connect_slots, jvm_mebibytes, spark_bytes, wait_for_restart_slots
 from .cluster import is_local, session_conf
 from .connect_client import endpoint, interrupt_tag, is_tls
+from .server_ui import server_ui
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -255,6 +256,25 @@ class ConnectApp:
             cores=lambda: local_cores(self.spark),
         )
 
+    def restart_slots(
+        self,
+        tasks: int,
+        min_tasks: int,
+        lost_hosts: tuple[str, ...],
+        waits: tuple[float, float],
+        cancelled: Callable[[], bool],
+    ) -> int:
+        """Counted by the server's Spark UI, the executors on ``lost_hosts`` left out (a client cannot have Spark
+        drop them); without that UI, the run's own size (its barrier stage waits in Spark's scheduler)."""
+        count = ConnectSlots(self.master, self.conf, self.where(), self._session_stopped, self.naming)
+        count.ui, no_ui = server_ui(self.conf)
+        if count.ui is None:
+            runner, where = self.naming.runner, self.where()
+            log.info("%s: %s: a restart's free task slots cannot be counted (%s)", runner, where, no_ui)
+            return tasks
+        count.lost_hosts = lost_hosts
+        return wait_for_restart_slots(count, tasks, min_tasks, *waits, cancelled, self.naming)
+
     def ship(self, payload: bytes) -> Callable[[], bytes]:
         limit, bound_by = job_limit(self.conf)
         if len(payload) > limit:
@@ -294,6 +314,12 @@ class ConnectApp:
 
     def unship(self, tasks_running: bool = False) -> None:
         pass  # the plan went with its operation; the server's task binary goes with its JVM's next clean-up
+
+    def decommissioning(self) -> dict[str, tuple[float, str]]:
+        return {}  # (the scheduler's record is the server's; its REST API does not show it)
+
+    def decommission_deadline(self) -> float | None:
+        return None
 
     def _session_stopped(self) -> str | None:
         return f"the Spark Connect session to {self.url} was stopped" if self.spark.is_stopped else None

@@ -234,3 +234,12 @@ def plan_shards(
         )
     feed = FeedSpec(run=uuid.uuid4().hex[:12], rows=rows, ranks=ranks, per_task=per_task)
     return ShardPlan(shard_frame(df, partition_rows, feed), feed, partition_rows)
+
+
+def resize_plan(plan: ShardPlan, df: DataFrame, ranks: int, per_task: int = 1) -> ShardPlan:
+    """``plan`` for a restart of ``ranks`` ranks (``min_ranks``): the same rows, counted once, shared out among
+    them (no Spark job here: the count of each partition is the plan's)."""
+    if ranks % per_task:
+        raise ValueError(f"{ranks} ranks do not fill Spark tasks of {per_task} ranks each")
+    feed = FeedSpec(run=uuid.uuid4().hex[:12], rows=plan.feed.rows, ranks=ranks, per_task=per_task)
+    return ShardPlan(shard_frame(df, plan.partition_rows, feed), feed, plan.partition_rows)

@@ -64,11 +64,18 @@ def server_ui(conf: Callable[[str], str | None]) -> tuple[str | None, str]:
     return server_ui_url(host, first, int(conf("spark.port.maxRetries") or PORT_RETRIES), app_id)
 
 
-def executor_slots(ui: str, app_id: str) -> tuple[int, int]:
+def executor_slots(ui: str, app_id: str, lost_hosts: tuple[str, ...] = ()) -> tuple[int, int]:
     """The application's task slots and how many of them its running tasks hold, from its executors' summary
-    (OSError or ValueError where the UI does not answer with one)."""
+    (OSError or ValueError where the UI does not answer with one); the executors on ``lost_hosts`` left out."""
     executors = _get(f"{ui}/api/v1/applications/{app_id}/executors")
     if not isinstance(executors, list):
         raise ValueError(f"{ui}/api/v1/applications/{app_id}/executors is not a list of executors")
-    active = [e for e in executors if isinstance(e, dict) and e.get("isActive", True) and not e.get("isExcluded")]
+    active = [
+        e
+        for e in executors
+        if isinstance(e, dict)
+        and e.get("isActive", True)
+        and not e.get("isExcluded")
+        and str(e.get("hostPort", "")).rpartition(":")[0].strip("[]") not in lost_hosts
+    ]
     return sum(int(e.get("maxTasks", 0)) for e in active), sum(int(e.get("activeTasks", 0)) for e in active)
