@@ -425,7 +425,7 @@ class _LinkServer:
         conf = session_conf(run_session)
         spec = host.spec
         where = connect_driver_address(conf, run_session.client.host, is_local(conf("spark.master") or ""), spec.naming)
-        self._certificate = RunCertificate.new() if spec.channel_tls else None
+        self._certificate = RunCertificate.new()  # always: whatever Spark encrypts (docs/security.md)
         self._secret = new_secret()
         self._listener = listening_socket(where.bind, 0, 16)  # (any free port: the link is found by its session)
         self._listener.settimeout(0.5)
@@ -433,7 +433,7 @@ class _LinkServer:
             where.advertised,
             self._listener.getsockname()[1],
             self._secret.hex(),
-            self._certificate.fingerprint if self._certificate else None,
+            self._certificate.fingerprint,
             socket.gethostname(),
             os.getpid(),
             spec.liveness.interval_s,
@@ -442,11 +442,10 @@ class _LinkServer:
         self._thread = threading.Thread(target=self._serve, name="hvd-link", daemon=True)
         self._thread.start()
         log.info(
-            "%s: this run's host listens for its clients at %s:%d%s",
+            "%s: this run's host listens for its clients at %s:%d, TLS 1.3",
             spec.naming.runner,
             self.address.host,
             self.address.port,
-            ", TLS 1.3" if self._certificate else "",
         )
 
     def _serve(self) -> None:
@@ -461,9 +460,7 @@ class _LinkServer:
 
     def _admit(self, sock: socket.socket, peer: tuple[str, int]) -> None:
         try:
-            sock, stream = link.accept_link(
-                sock, self._secret, self._certificate.context if self._certificate else None
-            )
+            sock, stream = link.accept_link(sock, self._secret, self._certificate.context)
             attach = link.receive(stream)
             if not isinstance(attach, link.Attach):
                 raise AuthenticationError(f"it sent {type(attach).__name__} first, not Attach")
