@@ -1,8 +1,9 @@
 """A submitted run's host: the one task of the run's own Connect operation, in an executor of the cluster.
 
 It joins the run's session (the client's ``submit()`` made it) to publish its link there (:data:`.link.LINK_CONF`),
-opens a second session of its own for the ranks' barrier job and runs the supervisor over it with the Spark
-launcher, the driver's address being this executor's: the ranks reach their supervisor inside the cluster. It
+joins the ranks' session (a server-side clone of the submitting session, with its settings: ``submit()`` made it
+too) for the ranks' barrier job and runs the supervisor over it with the Spark launcher, the driver's address
+being this executor's: the ranks reach their supervisor inside the cluster. It
 relays the run's log lines (numbered, :mod:`.ring`), its status and progress to every client attached over the
 link, and ends the run when a client cancels it or nobody has been attached for ``detached_timeout`` (the
 lease). It keeps the outcome until a client fetched it or the lease ran out, then releases both sessions:
@@ -12,8 +13,10 @@ nothing of the run is left on the server (releasing the run's session ends this 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -21,12 +24,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RunCancelledError
+from ..errors import LaunchError, RunCancelledError
 from ..mlflow_settings import MlflowSettings, auth_environment
 from ..shared.liveness import Liveness
 from ..shared.messages import Message
 from ..shared.naming import RunnerNaming
-from ..shared.timing import CANCELLED_OUTCOME_GRACE_S, SESSION_KEEPALIVE_S
+from ..shared.timing import CANCELLED_OUTCOME_GRACE_S, CREDENTIALS_WAIT_S, SESSION_KEEPALIVE_S
 from ..shared.tls import RunCertificate
 from ..shared.wire import AuthenticationError, FrameStream, Pieces, new_secret
 from . import link
@@ -47,11 +50,15 @@ _PACKAGE_LOG = "airflow_provider_hvd"
 _WRITER_WAKE_S = 0.5  # a status change reaches the attached clients within this
 _RELEASE_CALL_S = 10.0
 SCHEMA = "ended string"  # the operation's one row
+SPEC_SCHEMA = "spec binary"  # its input's one row: the pickled HostSpec
 
 
 @dataclass(frozen=True)
 class HostSpec:
-    """What the host needs to run the supervisor as the client's runner would (pickled into the task)."""
+    """What the host needs to run the supervisor as the client's runner would: the input row of the host's task
+    (:func:`spec_row`), which the server keeps as an artifact of the run's session (a cached local relation) and
+    does not log, unlike the plan. No secret but the server's token (``connection``): the submitting session's
+    settings are in the ranks' session (a clone), MLflow's credentials come over the link (:class:`.Credentials`)."""
 
     naming: RunnerNaming
     kind: str  # "Horovod" or "torch"
@@ -70,19 +77,32 @@ class HostSpec:
     resume_from: dict[str, Any] | None
     detached_timeout: float
     code_files: CodeFiles | None
-    #: the run's MLflow run, made and ended by the host: its settings (the tracking URI as the submitter
-    #: resolved it, no ``on_start``), params, and the submitter's MLflow credentials (they travel in the plan)
+    #: the run's MLflow run, made and ended by the host: its settings (without the tracking URI, which comes over
+    #: the link with the submitter's credentials; no ``on_start``) and params
     mlflow: MlflowSettings | None = None
     mlflow_params: dict[str, Any] = field(default_factory=dict)
-    mlflow_auth: dict[str, str] = field(default_factory=dict)
     #: a run on a DataFrame: its recipe, which the host builds in the ranks' session (a DataFrame object of the
     #: submitter's session cannot be used in it), then plans and launches as ``run()`` on a DataFrame does
     dataframe: DataFrameRecipe | None = None
-    #: the submitter's session's settings (:func:`session_settings`), given to the ranks' session
-    session_conf: dict[str, str] = field(default_factory=dict)
-    connection: str = ""  # sc://host:port/;params, the server's token among them (it travels in the plan)
+    connection: str = ""  # sc://host:port/;params, the server's token among them (in the task's input row)
     run_session: str = ""
+    ranks_session: str = ""  # the ranks' session: a clone of the submitting one, without the client's address
     tag: str = ""
+
+
+def spec_row(spec: HostSpec) -> bytes:
+    """``spec`` as the host task's input (``SPEC_SCHEMA``'s one value)."""
+    import cloudpickle
+
+    return bytes(cloudpickle.dumps(spec))
+
+
+def read_spec(batches: Iterator[Any]) -> HostSpec:
+    """The host's spec, from its task's input batches (one row)."""
+    values = [value for batch in batches for value in batch.column(0).to_pylist()]
+    spec = pickle.loads(values[0])
+    assert isinstance(spec, HostSpec)
+    return spec
 
 
 class _Capture(logging.Handler):
@@ -129,26 +149,6 @@ def open_session(connection: str, session_id: str | None) -> SparkSession:
     return spark
 
 
-def session_settings(spark: SparkSession) -> dict[str, str]:
-    """The settings of the submitter's session (its ``spark.sql.*`` ones, and those it was given): the run's host
-    gives them to the ranks' session, where it builds the run's DataFrame and runs the barrier job, as ``run()``
-    would in the submitter's session."""
-    return {str(key): str(value) for key, value in spark.conf.getAll.items()}
-
-
-def carry_settings(ranks: SparkSession, settings: dict[str, str]) -> None:
-    """Set in the ranks' session each of ``settings`` whose value differs there; one a session cannot change (a
-    static or the server's setting) is left as the server has it."""
-    own = ranks.conf.getAll
-    for key, value in settings.items():
-        if own.get(key) == value:
-            continue
-        try:
-            ranks.conf.set(key, value)
-        except Exception as exc:  # noqa: BLE001 - Spark's refusal to change it: the server's value holds
-            log.debug("the ranks' session keeps the server's %s (%s)", key, first_line(exc))
-
-
 def release(spark: SparkSession) -> None:
     """Release the session on the server (bounded), whatever it was doing."""
     from ..driver.launch.spark.connect_client import bound_release
@@ -189,6 +189,8 @@ class Host:
         self.outcome: tuple[link.Outcome, bytes | None] | None = None
         self._supervisor: Supervisor | None = None
         self._ended_status: link.Status | None = None
+        self._credentials: link.Credentials | None = None  # the submitting client's, for the MLflow run
+        self._credentials_came = threading.Event()
 
     # what the link's peers ask
 
@@ -206,6 +208,12 @@ class Host:
 
     def cancel(self) -> None:
         self._cancel_asked = True
+
+    def take_credentials(self, credentials: link.Credentials) -> None:
+        """The submitting client's MLflow credentials (the first that came are kept)."""
+        if not self._credentials_came.is_set():
+            self._credentials = credentials
+            self._credentials_came.set()
 
     def attached(self, peer: object, joined: bool) -> None:
         with self._lock:
@@ -265,11 +273,32 @@ class Host:
         return "ended"
 
     def _supervise(self, keepalive: _KeepAlive) -> None:
-        # the submitter's MLflow credentials where the run's MLflow run reads them: its client here, rank 0's env
-        with auth_environment(self.spec.mlflow_auth):
-            self._supervise_tracked(keepalive)
+        # the submitter's MLflow credentials, once they came, where the run's MLflow run reads them: its client
+        # here, rank 0's environment; as they were after the run
+        with contextlib.ExitStack() as mlflow_auth:
+            self._supervise_tracked(keepalive, mlflow_auth)
 
-    def _supervise_tracked(self, keepalive: _KeepAlive) -> None:
+    def _mlflow_settings(self, mlflow_auth: contextlib.ExitStack) -> MlflowSettings | None:
+        """The run's MLflow settings with the tracking URI and credentials the submitting client sent over the link
+        (``mlflow_auth`` holds them in this process's environment); LaunchError when none came in time."""
+        if self.spec.mlflow is None:
+            return None
+        deadline = time.monotonic() + CREDENTIALS_WAIT_S
+        while not self._credentials_came.wait(0.2):
+            if self._cancelled():
+                raise RunCancelledError(f"{self.spec.naming.runner}: the run was cancelled before its ranks started")
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"{self.spec.naming.runner}: the submitting process did not hand the run's host its MLflow "
+                    f"tracking URI and credentials within {CREDENTIALS_WAIT_S:g}s (it ended as the run started?): "
+                    "the run did not start; submit it again"
+                )
+        credentials = self._credentials
+        assert credentials is not None
+        mlflow_auth.enter_context(auth_environment(credentials.env))
+        return dataclasses.replace(self.spec.mlflow, tracking_uri=credentials.tracking_uri)
+
+    def _supervise_tracked(self, keepalive: _KeepAlive, mlflow_auth: contextlib.ExitStack) -> None:
         from ..driver.tracking.mlflow_run import start_mlflow_run
         from ..driver.tracking.progress import RunProgress
 
@@ -282,13 +311,10 @@ class Host:
         ranks: SparkSession | None = None
         tracking: MlflowRun | None = None
         try:
-            ranks = open_session(spec.connection, None)
+            ranks = open_session(spec.connection, spec.ranks_session)
             keepalive.sessions.append(ranks)
-            carry_settings(ranks, spec.session_conf)
-            with contextlib.suppress(Exception):  # (only a cancel without a link reads it)
-                keepalive.sessions[0].conf.set(link.RANKS_CONF, ranks.session_id)
             tracking = start_mlflow_run(
-                spec.mlflow,
+                self._mlflow_settings(mlflow_auth),
                 spec.naming.runner,
                 spec.size,
                 spec.mlflow_params,
@@ -519,6 +545,8 @@ class _Peer:
                 self._host.cancel()
             elif isinstance(message, link.Fetched):
                 self._host.peer_fetched(self)
+            elif isinstance(message, link.Credentials):
+                self._host.take_credentials(message)
 
     def _write(self) -> None:
         host, ring = self._host, self._host.ring
@@ -564,13 +592,15 @@ class _Peer:
         link.send(self._stream, message)
 
 
-def host_task(spec: HostSpec, read_job: Callable[[], bytes]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function of the run's one-task operation (``mapInArrow``): the host, in an executor."""
+def host_task(read_job: Callable[[], bytes]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function of the run's one-task operation (``mapInArrow`` over its spec's row): the host, in an
+    executor."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from pyspark import TaskContext
 
+        spec = read_spec(batches)
         context = TaskContext.get()
         if context is not None and context.attemptNumber() > 0:
             refuse_retry(spec.naming.runner, spec.connection, spec.run_session)

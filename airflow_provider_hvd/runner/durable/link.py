@@ -2,10 +2,11 @@
 connection set-up (the host accepts, a client connects).
 
 A link is one TCP connection, always TLS 1.3, pinned by the fingerprint of a certificate the host made for it
-(:mod:`..shared.tls`; whatever Spark encrypts: the client unpickles rank 0's value from it), then the mutual HMAC
-handshake over the link's own secret (:mod:`..shared.wire`), before any frame is read. Frames are those of the
-driver channel; the kinds are ``LINK_*``. Both sides send ``LINK_ALIVE`` every heartbeat interval; a side that
-hears nothing for the heartbeat timeout takes the other for gone.
+(:mod:`..shared.tls`; whatever Spark encrypts: the client unpickles rank 0's value from it, and the submitting
+client hands the host its MLflow credentials over it), then the mutual HMAC handshake over the link's own secret
+(:mod:`..shared.wire`), before any frame is read. Frames are those of the driver channel; the kinds
+are ``LINK_*``. Both sides send ``LINK_ALIVE`` every heartbeat interval; a side that hears nothing for the
+heartbeat timeout takes the other for gone.
 """
 
 from __future__ import annotations
@@ -128,8 +129,19 @@ class Alive(Message):
     KIND: ClassVar[Kind] = Kind.LINK_ALIVE
 
 
+@dataclass(frozen=True)
+class Credentials(Message):
+    """The submitting client's MLflow tracking URI and credentials (``MLFLOW_TRACKING_PASSWORD``, ...), for the
+    host's MLflow run: sent once attached, so that they are never in the host's plan, which the server may log."""
+
+    KIND: ClassVar[Kind] = Kind.LINK_CREDENTIALS
+    tracking_uri: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
 _BY_KIND: dict[Kind, type[Message]] = {
-    cls.KIND: cls for cls in (Attach, Lines, Ack, Status, Progress, Outcome, LinkResult, Cancel, Fetched, Alive)
+    cls.KIND: cls
+    for cls in (Attach, Lines, Ack, Status, Progress, Outcome, LinkResult, Cancel, Fetched, Alive, Credentials)
 }
 
 

@@ -1,6 +1,15 @@
-"""The client's ``submit()`` over Spark Connect: a Connect session for the run (same server, token and user as
-the client's, a fresh session id), its one-task operation that is the run's host (:mod:`.host`), not
-reattachable, so that it outlives this process, and the wait (bounded) until the host says where it listens.
+"""The client's ``submit()`` over Spark Connect: the run's two sessions on the client's server (same token and user
+as the client's), its one-task operation that is the run's host (:mod:`.host`), not reattachable, so that it
+outlives this process, and the wait (bounded) until the host says where it listens.
+
+- The run's session, fresh: the host's operation runs there, and the host publishes its link in its conf.
+- The ranks' session: a clone of the submitting session on the server (``cloneSession``), with its settings (also
+  those Spark hides from its clients: an object store's keys), temporary views and functions, less the settings
+  of this client's own address (:data:`..driver.launch.address.CLIENT_ADDRESS_SETTINGS`): the host runs the
+  barrier job there, as ``run()`` would in the submitting session.
+- The host's spec is its task's input row, a cached local relation: the server keeps it as an artifact of the
+  run's session and logs only its hash, where it may log the plan whole (the spec holds the server's token).
+  MLflow's tracking URI and credentials are not in it: they go over the link once this client is attached.
 
 The operation runs in ``hvd-durable-operation``: its ``collect()`` returns (or fails, once the host released
 the run's session) when the run is over; the run's outcome comes over the link, never from it.
@@ -8,6 +17,7 @@ the run's session) when the run is over; the run's outcome comes over the link, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -16,10 +26,11 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..driver.launch.address import CLIENT_ADDRESS_SETTINGS
 from ..errors import LaunchError, RunCancelledError
 from ..shared.timing import HOST_START_TIMEOUT_S
-from .host import SCHEMA, HostSpec, connection_string, host_task, open_session, release, session_settings
-from .link import LINK_CONF, LinkAddress
+from .host import SCHEMA, SPEC_SCHEMA, HostSpec, connection_string, host_task, open_session, release, spec_row
+from .link import LINK_CONF, RANKS_CONF, Credentials, LinkAddress
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -31,6 +42,8 @@ log = logging.getLogger("airflow_provider_hvd.runner")
 
 _LINK_POLL_S = 0.25
 HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
+#: pyspark sends local data of this size or more as an artifact of the session (a cached local relation)
+_CACHE_THRESHOLD_CONF = "spark.sql.session.localRelationCacheThreshold"
 
 
 class _Operation:
@@ -40,7 +53,9 @@ class _Operation:
         from ..driver.launch.spark.connect import ShippedJob
 
         self.error: BaseException | None = None
-        self._frame = session.range(1, numPartitions=1).mapInArrow(host_task(spec, ShippedJob(payload)), SCHEMA)
+        session.conf.set(_CACHE_THRESHOLD_CONF, "0")  # the spec's row goes as an artifact, not inside the plan
+        spec_frame = session.createDataFrame([(spec_row(spec),)], SPEC_SCHEMA)
+        self._frame = spec_frame.mapInArrow(host_task(ShippedJob(payload)), SCHEMA)
         self._session = session
         self._tag = spec.tag
         self.thread = threading.Thread(target=self._run, name="hvd-durable-operation", daemon=True)
@@ -65,6 +80,43 @@ def check_host_slot(app: object, tasks: int, timeout: float, cancelled: Callable
         ) from None
 
 
+def _ranks_session(spark: SparkSession) -> SparkSession:
+    """A clone of ``spark`` on the server for the ranks (its settings, temporary views and functions), without the
+    settings of this client's own address; this process's exit does not release it (the run's host does)."""
+    from ..driver.launch.spark.connect_client import keep_session_on_exit
+
+    ranks = spark.cloneSession()
+    keep_session_on_exit(ranks)
+    try:
+        for key in CLIENT_ADDRESS_SETTINGS:
+            ranks.conf.unset(key)
+    except BaseException:
+        release(ranks)
+        raise
+    return ranks
+
+
+def _run_session(connection: str, session_id: str, ranks: SparkSession) -> SparkSession:
+    """The run's own session, where its host's operation runs (not reattachable: it outlives this process, FACTS)
+    and publishes its link; without the client's address settings the server may give every session."""
+    run_session = open_session(connection, session_id)
+    try:
+        run_session.client.disable_reattachable_execute()
+        for key in CLIENT_ADDRESS_SETTINGS:
+            run_session.conf.unset(key)
+        run_session.conf.set(RANKS_CONF, ranks.session_id)  # (a cancel without a link releases it)
+    except BaseException:
+        release(run_session)
+        raise
+    return run_session
+
+
+def _release(*sessions: SparkSession) -> None:
+    for session in sessions:
+        with contextlib.suppress(Exception):  # (released already: the host's end releases both)
+            release(session)
+
+
 def submit_run(
     spark: SparkSession,
     spec: HostSpec,
@@ -73,12 +125,14 @@ def submit_run(
     cancelled: Callable[[], bool],
     announce: Callable[[str], None] | None = None,
     on_mlflow_run: Callable[[str, str | None], None] | None = None,
+    credentials: Credentials | None = None,
 ) -> Job:
     """Start the run's host on the server of ``spark`` and return the run's handle, attached; ``announce`` is
-    told the run's id before the host starts, ``on_mlflow_run`` its MLflow run once the host made it."""
+    told the run's id before the host starts, ``on_mlflow_run`` its MLflow run once the host made it; the host
+    gets ``credentials`` (MLflow's) over the link."""
     from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
     from ..driver.launch.spark.connect_client import interrupt_tag
-    from ..jobs import Job, JobId
+    from ..jobs import Job, JobId, _close_channel
 
     runner = spec.naming.runner
     app = ConnectApp(spark, "", spec.naming)
@@ -88,22 +142,31 @@ def submit_run(
         raise job_too_large(size, limit, bound_by, app.url, submitted=True)
     check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
     connection, shown, user_id = connection_string(spark)
-    settings = session_settings(spark)  # (before the run's session: nothing to release when it fails)
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"
-    run_session = open_session(connection, session_id)
-    run_session.client.disable_reattachable_execute()  # an operation that outlives this process (FACTS)
-    spec = dataclasses.replace(spec, connection=connection, run_session=session_id, tag=tag, session_conf=settings)
+    ranks_session = _ranks_session(spark)
+    try:
+        run_session = _run_session(connection, session_id, ranks_session)
+    except BaseException:
+        _release(ranks_session)
+        raise
     ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
-    if announce is not None:
-        try:
+    try:
+        spec = dataclasses.replace(
+            spec,
+            connection=connection,
+            run_session=session_id,
+            ranks_session=ranks_session.session_id,
+            tag=tag,
+        )
+        if announce is not None:
             announce(ident.dumps())
-        except BaseException:
-            release(run_session)
-            raise
-    operation = _Operation(run_session, spec, payload)
-    del payload
+    except BaseException:
+        _release(run_session, ranks_session)
+        raise
     deadline = time.monotonic() + HOST_START_TIMEOUT_S
     try:
+        operation = _Operation(run_session, spec, payload)
+        del payload
         while True:
             value = run_session.conf.get(LINK_CONF, None)
             if value:
@@ -127,10 +190,21 @@ def submit_run(
         log.info("%s: submitted; its host runs at %s:%d (%s)", runner, address.host, address.port, ident.describe())
         job = Job(ident, run_session, address, progress_sink, on_mlflow_run=on_mlflow_run)
         job._connect()
+        if credentials is not None:
+            _hand_over(job, credentials)
     except BaseException:
         try:
             interrupt_tag(run_session, tag, CANCEL_CALL_S)
         finally:
-            release(run_session)
+            _release(run_session, ranks_session)
         raise
+    _close_channel(ranks_session)  # (the session stays: the host has it)
     return job
+
+
+def _hand_over(job: Job, credentials: Credentials) -> None:
+    """Give the run's host MLflow's credentials over the link (TLS, after both proved its secret): it waits for
+    them before it makes the run's MLflow run."""
+    client = job._client
+    assert client is not None
+    client.send(credentials)
