@@ -27,7 +27,9 @@ class ConnectServer:
 
     ``conf``: the server application's Spark settings (``--conf``). Its logs and pid file stay in ``workdir``.
     ``host``: the address its gRPC port listens on; ``inside``: the namespace host it runs in (then only
-    commands run there reach it).
+    commands run there reach it). ``token``: the token its clients must give, in the server's environment (a
+    ``--conf`` would be in its log's command line); pyspark sends one without TLS to ``localhost`` alone
+    (:attr:`token_url`).
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class ConnectServer:
         *,
         host: str = LOOPBACK,
         inside: LoopbackHost | None = None,
+        token: str | None = None,
         **conf: str,
     ) -> None:
         self.workdir = workdir
@@ -47,7 +50,13 @@ class ConnectServer:
         self.url = f"sc://{f'[{host}]' if ':' in host else host}:{self.port}"
         self.master = master
         self.conf = {"spark.ui.enabled": "false", "spark.connect.grpc.binding.address": host, **conf}
+        self.token = token
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def token_url(self) -> str:
+        """The URL with the token: to ``localhost``, where pyspark sends a token without TLS."""
+        return f"sc://localhost:{self.port}/;token={self.token}"
 
     @property
     def log_file(self) -> Path:
@@ -77,6 +86,8 @@ class ConnectServer:
             "SPARK_LOCAL_IP": LOOPBACK,
             "PYSPARK_PYTHON": sys.executable,  # the server's executors run this interpreter
         }
+        if self.token is not None:
+            env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = self.token
         log = open(self.log_file, "wb")  # noqa: SIM115 - the server's output for its lifetime
         command = [str(self.spark_home / "sbin" / "start-connect-server.sh"), *args]
         self._proc = subprocess.Popen(

@@ -84,6 +84,8 @@ class HostSpec:
     #: a run on a DataFrame: its recipe, which the host builds in the ranks' session (a DataFrame object of the
     #: submitter's session cannot be used in it), then plans and launches as ``run()`` on a DataFrame does
     dataframe: DataFrameRecipe | None = None
+    #: the host's task has a profile of one CPU and no GPU (the ranks' tasks take GPUs): it holds no rank's slot
+    cpu_only: bool = False
     connection: str = ""  # sc://host:port/;params, the server's token among them (in the task's input row)
     run_session: str = ""
     ranks_session: str = ""  # the ranks' session: a clone of the submitting one, without the client's address
@@ -366,6 +368,12 @@ class Host:
             use_gpus=spec.use_gpus,
             naming=spec.naming,
         )
+        if spec.cpu_only:  # this task holds a core and no GPU: no slot of the ranks' (capacity.CpuTasks)
+            from ..driver.launch.spark.capacity import CpuTasks
+            from ..driver.launch.spark.connect import ConnectApp
+
+            assert isinstance(launcher.app, ConnectApp)
+            launcher.app.beside = CpuTasks(running=1)
         if spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
             self._plan_dataframe(spec.dataframe, ranks, launcher)
         kind: RankKind = horovod_kind() if spec.kind == "Horovod" else torch_kind()

@@ -10,6 +10,8 @@ outlives this process, and the wait (bounded) until the host says where it liste
 - The host's spec is its task's input row, a cached local relation: the server keeps it as an artifact of the
   run's session and logs only its hash, where it may log the plan whole (the spec holds the server's token).
   MLflow's tracking URI and credentials are not in it: they go over the link once this client is attached.
+- Where the ranks' tasks take GPUs (or another resource), the host's task has a profile of one CPU and nothing
+  else: it takes no GPU from the ranks.
 
 The operation runs in ``hvd-durable-operation``: its ``collect()`` returns (or fails, once the host released
 the run's session) when the run is over; the run's outcome comes over the link, never from it.
@@ -20,11 +22,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..driver.launch.address import CLIENT_ADDRESS_SETTINGS
 from ..errors import LaunchError, RunCancelledError
@@ -35,6 +38,7 @@ from .link import LINK_CONF, RANKS_CONF, Credentials, LinkAddress
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
+    from ..driver.launch.spark.connect import ConnectApp
     from ..jobs import Job
     from ..settings import ProgressSink
 
@@ -44,18 +48,19 @@ _LINK_POLL_S = 0.25
 HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 #: pyspark sends local data of this size or more as an artifact of the session (a cached local relation)
 _CACHE_THRESHOLD_CONF = "spark.sql.session.localRelationCacheThreshold"
+_TASK_RESOURCE = re.compile(r"spark\.task\.resource\.[^.]+\.amount")
 
 
 class _Operation:
     """The run's operation, in a thread: its error when it failed."""
 
-    def __init__(self, session: SparkSession, spec: HostSpec, payload: bytes) -> None:
+    def __init__(self, session: SparkSession, spec: HostSpec, payload: bytes, profile: Any) -> None:
         from ..driver.launch.spark.connect import ShippedJob
 
         self.error: BaseException | None = None
         session.conf.set(_CACHE_THRESHOLD_CONF, "0")  # the spec's row goes as an artifact, not inside the plan
         spec_frame = session.createDataFrame([(spec_row(spec),)], SPEC_SCHEMA)
-        self._frame = spec_frame.mapInArrow(host_task(ShippedJob(payload)), SCHEMA)
+        self._frame = spec_frame.mapInArrow(host_task(ShippedJob(payload)), SCHEMA, profile=profile)
         self._session = session
         self._tag = spec.tag
         self.thread = threading.Thread(target=self._run, name="hvd-durable-operation", daemon=True)
@@ -69,14 +74,35 @@ class _Operation:
             self.error = exc
 
 
-def check_host_slot(app: object, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
-    """The slot check of a submitted run: its ranks' tasks and its host's."""
+def cpu_only_host(spark: SparkSession, master: str) -> bool:
+    """Whether the run's host takes a task profile of one CPU: the application's tasks take another resource (a
+    GPU) that the host must leave to the ranks, and its master has task profiles without dynamic allocation
+    (standalone, YARN, Kubernetes; a local master has none, nor such resources for its tasks)."""
+    from ..driver.launch.spark.cluster import is_local
+
+    if is_local(master):
+        return False
+    return any(_TASK_RESOURCE.fullmatch(key) and float(value or 0) > 0 for key, value in spark.conf.getAll.items())
+
+
+def check_host_slot(
+    app: ConnectApp, tasks: int, timeout: float, cancelled: Callable[[], bool], cpu_only: bool = False
+) -> None:
+    """The slot check of a submitted run: its ranks' tasks and its host's (a core beside the ranks' slots where it
+    has a profile of one CPU, else one slot more)."""
+    from ..driver.launch.spark.capacity import CpuTasks
+
     try:
-        app.check_slots(tasks + HOST_SLOTS, timeout, cancelled)  # type: ignore[attr-defined]
+        if cpu_only:
+            app.beside = CpuTasks(pending=HOST_SLOTS)
+            app.check_slots(tasks, timeout, cancelled)
+        else:
+            app.check_slots(tasks + HOST_SLOTS, timeout, cancelled)
     except LaunchError as exc:
+        needs = "a core beside its ranks' slots" if cpu_only else f"{HOST_SLOTS} task slot more than its ranks"
         raise LaunchError(
-            f"{exc} A submitted run needs {HOST_SLOTS} task slot more than its ranks, for its host (where its "
-            "supervisor runs) for the whole run: see docs/durable-runs.md."
+            f"{exc} A submitted run needs {needs}, for its host (where its supervisor runs) for the whole run: see "
+            "docs/durable-runs.md."
         ) from None
 
 
@@ -131,7 +157,7 @@ def submit_run(
     told the run's id before the host starts, ``on_mlflow_run`` its MLflow run once the host made it; the host
     gets ``credentials`` (MLflow's) over the link."""
     from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
-    from ..driver.launch.spark.connect_client import interrupt_tag
+    from ..driver.launch.spark.connect_client import cpu_task_profile, interrupt_tag
     from ..jobs import Job, JobId, _close_channel
 
     runner = spec.naming.runner
@@ -140,7 +166,8 @@ def submit_run(
     size = len(payload) + (spec.dataframe.size if spec.dataframe is not None else 0)  # (both in the host's plan)
     if size > limit:
         raise job_too_large(size, limit, bound_by, app.url, submitted=True)
-    check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled)
+    cpu_only = cpu_only_host(spark, app.master)
+    check_host_slot(app, spec.size // spec.per_task, spec.slot_wait_timeout, cancelled, cpu_only)
     connection, shown, user_id = connection_string(spark)
     session_id, tag = str(uuid.uuid4()), f"{spec.naming.job_group}-{uuid.uuid4().hex[:12]}"
     ranks_session = _ranks_session(spark)
@@ -151,12 +178,14 @@ def submit_run(
         raise
     ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
     try:
+        profile = cpu_task_profile(run_session) if cpu_only else None
         spec = dataclasses.replace(
             spec,
             connection=connection,
             run_session=session_id,
             ranks_session=ranks_session.session_id,
             tag=tag,
+            cpu_only=profile is not None,
         )
         if announce is not None:
             announce(ident.dumps())
@@ -165,7 +194,7 @@ def submit_run(
         raise
     deadline = time.monotonic() + HOST_START_TIMEOUT_S
     try:
-        operation = _Operation(run_session, spec, payload)
+        operation = _Operation(run_session, spec, payload, profile)
         del payload
         while True:
             value = run_session.conf.get(LINK_CONF, None)

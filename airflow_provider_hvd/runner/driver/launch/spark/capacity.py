@@ -15,6 +15,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ....errors import LaunchError, RunCancelledError
@@ -224,6 +225,24 @@ def capacity_settings(conf: Callable[[str], str | None]) -> dict[str, str]:
     return {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
 
 
+@dataclass(frozen=True)
+class CpuTasks:
+    """Tasks of one CPU and no GPU beside a barrier job: a submitted run's host, on a task profile of its own where
+    the job's tasks take GPUs (durable/submit.py). ``pending`` ones are still to start, and each needs a core
+    beside the job's tasks; ``running`` ones are among the application's active tasks, but hold no GPU, so no
+    slot of the job's where GPUs, not cores, limit an executor's slots."""
+
+    pending: int = 0
+    running: int = 0
+
+    def slots(self, job_slots: int, cpu_slots: int) -> int:
+        """The job's slots with these tasks: ``job_slots`` as the executors' slots count them (running ones count
+        among the busy), within ``cpu_slots``, the tasks the executors' cores alone would hold."""
+        if not self.pending and not self.running:
+            return job_slots
+        return min(job_slots + self.running, cpu_slots - self.pending)
+
+
 class SlotCount:
     """What the wait for free task slots asks of an application, known by its master URL and its conf getter: the
     most slots it could ever have, the refusal of a job that can never fit, the notes of the wait's reports; what
@@ -236,6 +255,7 @@ class SlotCount:
         self.master, self.conf, self.naming = master, conf, naming
         self.where = where  # where the job runs, for the texts: "on local[2]", "over Spark Connect sc://h:p (...)"
         self.settings = capacity_settings(conf)
+        self.beside = CpuTasks()
 
     def now(self) -> tuple[int, int]:
         """The application's task slots, and how many of them its running tasks hold."""
@@ -251,9 +271,13 @@ class SlotCount:
     def at_most(self) -> int | None:
         """The most task slots the application could ever have, or None where that cannot be known (YARN, k8s)."""
         if is_local(self.master):
-            return local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
+            slots = local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
+            return None if slots is None else self.beside.slots(slots, slots)
         state = self._state()
-        return None if state is None else standalone_capacity(state, self.settings)
+        if state is None:
+            return None
+        cpu_slots = standalone_capacity(state, self.settings, count_gpus=False)
+        return self.beside.slots(standalone_capacity(state, self.settings), cpu_slots)
 
     def never_fits(self, size: int, total: int) -> LaunchError:
         return never_fits_error(self.master, size, total, self.settings, self._state(), self.naming)
@@ -308,7 +332,8 @@ class ConnectSlots(SlotCount):
 
     def now(self) -> tuple[int, int]:
         assert self.ui is not None, "the server's UI counts the slots"
-        return executor_slots(self.ui, self.app_id)
+        slots, busy, cpu_slots = executor_slots(self.ui, self.app_id, int(self.settings.get("spark.task.cpus") or 1))
+        return self.beside.slots(slots, cpu_slots), busy
 
     def stopped(self, size: int) -> str | None:
         why = self._stopped()
@@ -328,14 +353,16 @@ def check_connect_slots(
     timeout: float = DEFAULT_SLOT_WAIT_S,
     cancelled: Callable[[], bool] = lambda: False,
     stopped: Callable[[], str | None] = lambda: None,
+    beside: CpuTasks | None = None,
 ) -> None:
     """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
     (a local master's cores, a standalone master's ``/json/``), and wait up to ``timeout`` seconds for ``size``
     free slots, counted by the server's Spark UI (its REST API). Without that UI the free slots cannot be
     counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
-    run's ``start_timeout_s``, which is said."""
+    run's ``start_timeout_s``, which is said. ``beside``: the run's CPU-only tasks beside the job's."""
     refuse_dynamic_allocation(conf, size)
     count = ConnectSlots(master, conf, where, stopped, naming)
+    count.beside = beside or CpuTasks()
     total = count.at_most()
     if total is not None and total < size:
         raise count.never_fits(size, total)

@@ -22,7 +22,7 @@ from ....errors import LaunchError
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ..address import DriverAddress, connect_driver_address, is_loopback
 from .app import BarrierTask, JobStatus, arrow_barrier
-from .capacity import check_connect_slots, jvm_mebibytes, spark_bytes
+from .capacity import CpuTasks, check_connect_slots, jvm_mebibytes, spark_bytes
 from .cluster import is_local, session_conf
 from .connect_client import endpoint, interrupt_tag, is_tls
 
@@ -153,6 +153,7 @@ class ConnectApp:
         self.shares_stderr = False  # the executors' stderr is the server's, never this process's
         self.status: JobStatus = NoStatus()
         self._tag = tag  # (the launcher's group: its operations are tagged with it)
+        self.beside = CpuTasks()  # the run's tasks of one CPU beside its barrier job's (a submitted run's host)
 
     def where(self) -> str:
         return f"over Spark Connect {self.url} ({self.master})"
@@ -164,7 +165,15 @@ class ConnectApp:
 
     def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
         check_connect_slots(
-            self.master, self.conf, tasks, self.where(), self.naming, timeout, cancelled, self._session_stopped
+            self.master,
+            self.conf,
+            tasks,
+            self.where(),
+            self.naming,
+            timeout,
+            cancelled,
+            self._session_stopped,
+            self.beside,
         )
 
     def ship(self, payload: bytes) -> Callable[[], bytes]:
