@@ -163,7 +163,7 @@ def submit_run(
     runner = spec.naming.runner
     app = ConnectApp(spark, "", spec.naming)
     limit, bound_by = job_limit(app.conf)
-    size = len(payload) + (spec.dataframe.size if spec.dataframe is not None else 0)  # (both in the host's plan)
+    size = len(payload) + (spec.dataframe.size if spec.dataframe is not None else 0)  # (the recipe, in the spec, too)
     if size > limit:
         raise job_too_large(size, limit, bound_by, app.url, submitted=True)
     cpu_only = cpu_only_host(spark, app.master)
