@@ -15,7 +15,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export KERAS_BACKEND ?= torch
 
-.PHONY: setup test check docs demo bench docker-check clean
+.PHONY: setup test check docs demo airflow bench docker-check clean
 
 # The venv, Chromium and the MLflow server's venv are independent: they install at once (mostly downloads and
 # unpacking, each of which leaves a core idle).
@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_horovod.py scripts/chec
 	@# the frameworks first: horovod is built against them (PyTorch and TensorFlow in one wheel)
 	$(PIP) install torch==2.13.0 tensorflow==2.21.0 tf-keras==2.21.0
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PY) scripts/install_horovod.py
-	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,mlflow,openlineage,dev,docs]'
+	$(PIP) install -e '.[horovod,airflow,torch,keras,tensorflow,transformers,lightning,mlflow,openlineage,dev,docs]'
 	@# pyspark-client (needed by the apache-spark provider) overwrites pyspark's Python files with its own
 	@# older ones; pyspark must win, or the Python side and the JVM side of Spark differ.
 	$(PY) -c "import pyspark, sys; sys.exit(pyspark.__version__ != '4.3.0')" \
@@ -68,6 +68,12 @@ docs: setup
 
 demo: setup
 	AIRFLOW_HOME=$(AIRFLOW_HOME) scripts/demo.sh $(PY)
+
+# Airflow's UI with the example DAGs and their Training tab, on SQLite in $(AIRFLOW_HOME) and local[*] Spark, until
+# Ctrl-C (scripts/local_airflow.py; docs/guide/provider.md)
+AIRFLOW_PORT ?= 8080
+airflow: setup
+	AIRFLOW_HOME=$(AIRFLOW_HOME) $(PY) scripts/local_airflow.py --port $(AIRFLOW_PORT)
 
 bench: setup
 	$(PY) benchmarks/launch.py

@@ -19,7 +19,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "HorovodRunner": "airflow_provider_hvd.runner.runner",
     "TorchDistributor": "airflow_provider_hvd.runner.torch_distributor",
+    "CauseKind": "airflow_provider_hvd.runner.errors",
     "HorovodRunnerError": "airflow_provider_hvd.runner.errors",
+    "HostSlotError": "airflow_provider_hvd.runner.errors",
     "JobNotFoundError": "airflow_provider_hvd.runner.errors",
     "Job": "airflow_provider_hvd.runner.jobs",
     "JobStatus": "airflow_provider_hvd.runner.jobs",
@@ -44,11 +46,13 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CauseKind",
     "DataFrameShard",
     "HorovodHook",
     "HorovodRunner",
     "HorovodRunnerError",
     "HorovodRunnerOperator",
+    "HostSlotError",
     "Job",
     "JobNotFoundError",
     "JobStatus",
@@ -77,6 +81,7 @@ if TYPE_CHECKING:
     from airflow_provider_hvd.operators.horovod import HorovodRunnerOperator
     from airflow_provider_hvd.operators.torch_distributor import TorchDistributorOperator
     from airflow_provider_hvd.runner.errors import (
+        CauseKind,
         HorovodRunnerError,
         JobNotFoundError,
         LaunchError,

@@ -33,7 +33,7 @@ from typing import Any  # noqa: E402
 
 from connect_server import ConnectServer  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
-from rounds import Method, benchmark_parser, run_rounds, trivial, write_json  # noqa: E402
+from rounds import Method, benchmark_parser, exit_status, not_run, run_rounds, trivial, write_json  # noqa: E402
 
 
 def connect_figures(methods: list[Method]) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = connect_figures(methods)
     print(format_report(figures))
     write_json(args.json, figures)
-    return 0
+    return exit_status(not_run(methods))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,17 @@ from typing import Any  # noqa: E402
 from connect_launch import connect_figures  # noqa: E402
 from connect_launch import format_report as connect_report  # noqa: E402
 from connect_server import ConnectServer, connect_session  # noqa: E402
-from rounds import Method, at_least_one, benchmark_parser, quiet_logging, run_rounds, trivial, write_json  # noqa: E402
+from rounds import (  # noqa: E402
+    Method,
+    at_least_one,
+    benchmark_parser,
+    exit_status,
+    not_run,
+    quiet_logging,
+    run_rounds,
+    trivial,
+    write_json,
+)
 
 _ATTACH = (
     "import sys; from airflow_provider_hvd import attach; job = attach(sys.argv[1], logs=False); "
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(format_report(figures))
     write_json(args.json, figures)
-    return 0
+    return exit_status(not_run(methods))
 
 
 if __name__ == "__main__":

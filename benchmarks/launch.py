@@ -15,7 +15,8 @@ allreduce, return the rank) four ways, on one warm ``local[2]`` SparkSession:
 
 Each method gets one untimed warm-up, then ``--repeats`` timed runs interleaved round-robin
 (A, B, C, D, A, B, C, D, ...) so machine noise hits all methods alike. Printed per method: median
-and min wall seconds; plus the ratios of ``hr_spark`` to ``hvd_spark`` and to ``floor``.
+and min wall seconds; plus the ratios of ``hr_spark`` to ``hvd_spark`` and to ``floor``. A method that
+did not run is n/a, and the exit status is 1 (``--check``: one run of each, no warm-up, to see that).
 
 Run it from the repository root::
 
@@ -69,6 +70,11 @@ def hvd_spark_run() -> Callable[[], object]:
             raise RuntimeError(reason)
 
         return unavailable
+
+    import cloudpickle
+
+    # Horovod pickles a function by reference: its ranks would import `rounds`, which is not on their path
+    cloudpickle.register_pickle_by_value(rounds)
 
     def launch() -> object:
         results = horovod.spark.run(rounds.trivial, num_proc=NUM_PROC, use_gloo=True, verbose=0)
@@ -150,7 +156,8 @@ def format_table(figures: dict[str, Any], repeats: int) -> str:
         else:
             rows.append((info["label"], f"{info['median_s']:.2f}", f"{info['min_s']:.2f}"))
     width = [max(len(r[i]) for r in rows) for i in range(2)]
-    lines = [f"launch overhead, {NUM_PROC} ranks, {repeats} repeats (after 1 warm-up each)"]
+    warmed = "after 1 warm-up each" if figures.get("warm_up", True) else "no warm-up"
+    lines = [f"launch overhead, {NUM_PROC} ranks, {repeats} repeats ({warmed})"]
     for label, med, low in rows:
         lines.append(f"{label:<{width[0]}}  {med:>{width[1]}}  {low}")
     for name, ratio in figures["ratios"].items():
@@ -159,7 +166,8 @@ def format_table(figures: dict[str, Any], repeats: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = rounds.benchmark_parser(__doc__, repeats=5, what="timed runs per method").parse_args(argv)
+    args = rounds.benchmark_parser(__doc__, repeats=5, what="timed runs per method", check=True).parse_args(argv)
+    repeats = 1 if args.check else args.repeats
     rounds.quiet_logging()
     spark = rounds.local_spark(NUM_PROC)
     floor = FloorLauncher()
@@ -170,15 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         rounds.Method("hr_local", f"HorovodRunner(np=-{NUM_PROC})", hr_run(-NUM_PROC)),
     ]
     try:
-        rounds.run_rounds(methods, args.repeats)
+        rounds.run_rounds(methods, repeats, warm_up=not args.check)
     finally:
         floor.close()
         spark.stop()
     figures = rounds.launch_figures(methods, RATIOS, DIGITS)
-    figures["repeats"] = args.repeats
-    print(format_table(figures, args.repeats))
+    figures["repeats"] = repeats
+    figures["warm_up"] = not args.check
+    print(format_table(figures, repeats))
     rounds.write_json(args.json, figures)
-    return 0
+    return rounds.exit_status(rounds.not_run(methods))
 
 
 if __name__ == "__main__":

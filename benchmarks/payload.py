@@ -188,7 +188,7 @@ def run_once(
 
 
 def measure_cluster(
-    name: str, master: str, np: int, conf: dict[str, str], sizes_mb: list[int], repeats: int
+    name: str, master: str, np: int, conf: dict[str, str], sizes_mb: list[int], repeats: int, warm_up: bool = True
 ) -> list[dict[str, Any]]:
     import cloudpickle
     from pyspark.sql import SparkSession
@@ -207,7 +207,7 @@ def measure_cluster(
             blob = os.urandom(size_mb * MB) if size_mb else b""
             payload_bytes = len(cloudpickle.dumps(blob))
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-            for launch in methods.values():  # warm-up
+            for launch in methods.values() if warm_up else ():
                 run_once(launch, blob, np, traffic, jvm_pid, payload_bytes)
             for round_no in range(repeats):
                 for method, launch in methods.items():
@@ -259,23 +259,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = benchmark_parser(__doc__, repeats=3, what="rounds per size, after a warm-up")
+    parser = benchmark_parser(__doc__, repeats=3, what="rounds per size, after a warm-up", check=True)
     parser.add_argument("--sizes", type=int, nargs="+", default=[0, 20, 200], help="argument sizes in MB")
     parser.add_argument("--clusters", nargs="+", default=["local", "standalone"], choices=["local", "standalone"])
     args = parser.parse_args(argv)
+    repeats = 1 if args.check else args.repeats
     quiet_logging(logging.ERROR)  # the size warnings are expected here
     rows = []
     if "local" in args.clusters:
-        rows += measure_cluster("local[2]", "local[2]", 2, {}, args.sizes, args.repeats)
+        rows += measure_cluster("local[2]", "local[2]", 2, {}, args.sizes, repeats, not args.check)
     if "standalone" in args.clusters:
         with tempfile.TemporaryDirectory(prefix="payload-bench-cluster-") as workdir:
             cluster = StandaloneCluster(Path(workdir), workers=2, cores=2).start()
             try:
                 conf = {"spark.executor.cores": "2", "spark.cores.max": "4"}
-                rows += measure_cluster("standalone", cluster.url, 4, conf, args.sizes, args.repeats)
+                rows += measure_cluster("standalone", cluster.url, 4, conf, args.sizes, repeats, not args.check)
             finally:
                 cluster.stop()
-    print(f"big arguments ({args.repeats} rounds after a warm-up; medians)")
+    print(f"big arguments ({repeats} rounds {'with no' if args.check else 'after a'} warm-up; medians)")
     print(format_table(rows))
     write_json(args.json, rows)
     return 0

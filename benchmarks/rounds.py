@@ -53,9 +53,10 @@ def time_once(method: Method) -> None:
     method.times.append(time.perf_counter() - start)
 
 
-def run_rounds(methods: list[Method], repeats: int, what: str = "round") -> None:
-    """One warm-up of each method, then `repeats` timed rounds, round-robin: each round sees the same load."""
-    for method in methods:
+def run_rounds(methods: list[Method], repeats: int, what: str = "round", warm_up: bool = True) -> None:
+    """One warm-up of each method (unless not `warm_up`), then `repeats` timed rounds, round-robin: each round
+    sees the same load."""
+    for method in methods if warm_up else ():
         time_once(method)
         method.times.clear()
     for round_no in range(1, repeats + 1):
@@ -63,6 +64,18 @@ def run_rounds(methods: list[Method], repeats: int, what: str = "round") -> None
             if method.error is None:
                 time_once(method)
         print(f"{what} {round_no}/{repeats} done", file=sys.stderr, flush=True)
+
+
+def not_run(methods: Iterable[Method]) -> list[str]:
+    """`name: error` for each method that has no timing (its figures are n/a)."""
+    return [f"{m.name}: {m.error or 'no run'}" for m in methods if m.error or not m.times]
+
+
+def exit_status(not_run: Sequence[str]) -> int:
+    """A benchmark's exit status: 1 if a method (ours or a peer) did not run, named on stderr; else 0."""
+    for line in not_run:
+        print(f"did not run: {line}", file=sys.stderr)
+    return 1 if not_run else 0
 
 
 # --- figures -------------------------------------------------------------------------------------
@@ -118,13 +131,20 @@ def at_least_one(text: str) -> int:
 
 
 def benchmark_parser(
-    doc: str, repeats: int | None = None, what: str = "timed launches per method"
+    doc: str, repeats: int | None = None, what: str = "timed launches per method", check: bool = False
 ) -> argparse.ArgumentParser:
-    """The benchmark's parser (its description `doc`'s first line) with `--json`, and `--repeats` (`what` is
-    repeated, default `repeats`) where the benchmark repeats."""
+    """The benchmark's parser (its description `doc`'s first line) with `--json`, `--repeats` (`what` is
+    repeated, default `repeats`) where the benchmark repeats, and `--check` where it warms up."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     if repeats is not None:
         parser.add_argument("--repeats", type=at_least_one, default=repeats, help=f"{what} (default {repeats})")
+    if check:
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="one run of each method, no warm-up: whether each runs (exit status 1 if one did not; the figures "
+            "mean little)",
+        )
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     return parser
 

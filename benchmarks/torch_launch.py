@@ -19,7 +19,8 @@ A failing rank: rank 1 raises while rank 0 waits in an ``all_reduce``; what ``ru
 type, its length, whether it holds the rank's own message, its first line).
 
 Each launch method gets one untimed warm-up, then ``--repeats`` timed runs interleaved round-robin.
-Run it from the repository root (a method that cannot run is reported as n/a with its reason)::
+Run it from the repository root (a method that cannot run is reported as n/a with its reason, and the exit
+status is 1; ``--check``: one run of each, no warm-up, to see that)::
 
     .venv/bin/python benchmarks/torch_launch.py --repeats 4 --json /tmp/torch_launch.json
 """
@@ -146,8 +147,10 @@ class Torchrun:
     def run(self, name: str, *args: int) -> Any:
         self.result.unlink(missing_ok=True)
         proc = subprocess.run(self.command(name, *args), capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"torchrun exited {proc.returncode}\n{proc.stderr}")
+        if proc.returncode != 0:  # the cause on the first line, which a figure's "n/a" shows
+            errors = [line for line in proc.stderr.splitlines() if "Error" in line]
+            cause = next((line for line in reversed(errors) if line.startswith("[rank")), errors[-1] if errors else "")
+            raise RuntimeError(f"torchrun exited {proc.returncode}: {cause}\n{proc.stderr}")
         return json.loads(self.result.read_text())
 
 
@@ -215,7 +218,8 @@ def failure_figures(runners: dict[str, Callable[[], Any]]) -> dict[str, Any]:
 
 def format_report(figures: dict[str, Any]) -> str:
     launch = figures["launch"]
-    lines = [f"launch of a trivial {NUM_PROC}-process DDP job, {figures['repeats']} repeats (after 1 warm-up each)"]
+    warmed = "after 1 warm-up each" if figures.get("warm_up", True) else "no warm-up"
+    lines = [f"launch of a trivial {NUM_PROC}-process DDP job, {figures['repeats']} repeats ({warmed})"]
     for info in launch["methods"].values():
         text = f"{info['median_s']:.2f} s median, {info['min_s']:.2f} s min" if info["median_s"] else info["error"]
         lines.append(f"  {info['label']:<58} {text}")
@@ -233,7 +237,7 @@ def format_report(figures: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = rounds.benchmark_parser(__doc__, repeats=4)
+    parser = rounds.benchmark_parser(__doc__, repeats=4, check=True)
     parser.add_argument(
         "--steps", type=rounds.at_least_one, default=1000, help="training steps of the MLP (default 1000)"
     )
@@ -246,6 +250,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    repeats, train_repeats = (1, 1) if args.check else (args.repeats, args.train_repeats)
     rounds.quiet_logging()
     spark = rounds.local_spark(NUM_PROC)
     with tempfile.TemporaryDirectory(prefix="torch-launch-") as workdir:
@@ -263,16 +268,17 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             methods = [rounds.Method(name, label, launcher(name)) for name, (label, _) in chosen.items()]
-            rounds.run_rounds(methods, args.repeats, "launch round")
+            rounds.run_rounds(methods, repeats, "launch round", warm_up=not args.check)
             figures: dict[str, Any] = {
-                "repeats": args.repeats,
+                "repeats": repeats,
+                "warm_up": not args.check,
                 "launch": rounds.launch_figures(methods, RATIOS, DIGITS),
             }
             trainers: dict[str, Callable[[int], Any]] = {"torchrun": lambda n: torchrun.run("train_mlp", n)}
             trainers.update({name: (lambda n, r=run: r(train_mlp, n)) for name, (_, run) in chosen.items() if run})
             if "ours" in chosen:  # the same on this host without Spark: what the Spark side costs, if anything
                 trainers["ours_local"] = lambda n: ours(train_mlp, n, local_mode=True)
-            figures["training"] = training_figures(trainers, args.steps, args.train_repeats)
+            figures["training"] = training_figures(trainers, args.steps, train_repeats)
             failers: dict[str, Callable[[], Any]] = {"torchrun": lambda: torchrun.run("failing")}
             failers.update({name: (lambda r=run: r(failing)) for name, (_, run) in chosen.items() if run})
             figures["failure"] = failure_figures(failers)
@@ -280,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
     print(format_report(figures))
     rounds.write_json(args.json, figures)
-    return 0
+    training = figures["training"]["methods"].items()
+    untrained = [f"{name} (training): {info['error']}" for name, info in training if "error" in info]
+    return rounds.exit_status(rounds.not_run(methods) + untrained)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,9 @@ runner_processes() {  # ranks and their reapers
 }
 count_lines() { if [ -z "$1" ]; then echo 0; else printf '%s\n' "$1" | wc -l; fi; }
 active_apps() { curl -sS "$MASTER_UI/json/" | json '[a["name"] for a in d["activeapps"]]'; }
+# the training task's own application (the operator names it DAG.TASK); the Connect server's is active for as long
+# as the server runs
+task_apps() { curl -sS "$MASTER_UI/json/" | json "[a['name'] for a in d['activeapps'] if a['name'] == '$DAG.train']"; }
 
 # --- before anything starts ---------------------------------------------------------------------------------------
 [ -z "$(project_containers)" ] || fail "containers of $PROJECT exist already; end them first: ${COMPOSE[*]} down -v"
@@ -217,7 +220,16 @@ init=$(container_of airflow-init)
 init_rc=$("$ENGINE" wait "$init")
 [ "$init_rc" = 0 ] || { "$ENGINE" logs --tail 40 "$init" >&2; fail "airflow-init exited with $init_rc"; }
 say "starting the Airflow components and the Spark workers"
-up airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer "${WORKERS[@]}" spark-connect
+up airflow-apiserver airflow-scheduler airflow-dag-processor airflow-triggerer "${WORKERS[@]}"
+# the Spark Connect server once both workers have registered, as its depends_on says: the master spreads its
+# executors over both then, and each worker keeps a core for the classic jobs (one rank on each)
+deadline=$(( $(now) + 420 ))
+until [ "$(curl -sS "$MASTER_UI/json/" 2>/dev/null | json 'd["aliveworkers"]' 2>/dev/null)" = 2 ]; do
+  [ "$(now)" -lt "$deadline" ] || fail "fewer than 2 Spark workers registered with the master after 420s"
+  sleep 2
+done
+say "2 Spark workers registered; starting spark-connect"
+up spark-connect
 wait_healthy 420 "${SERVICES[@]}"
 healthy_s=$(( $(now) - t0 ))
 say "all ${#SERVICES[@]} services healthy ${healthy_s}s after the start"
@@ -304,14 +316,14 @@ say "a rank process runs in each of ${WORKERS[*]}, none in airflow-scheduler; Sp
 api PATCH "$(run_path "$long_id")/taskInstances/train" '{"new_state": "failed"}' >/dev/null
 t0=$(now)
 deadline=$(( t0 + 60 ))
-while left=$(for w in "${WORKERS[@]}"; do runner_processes "$w"; done); [ -n "$left" ] || [ "$(active_apps)" != "[]" ]; do
-  [ "$(now)" -lt "$deadline" ] || fail "60s after the task was marked failed, still running: ${left:-(no process)}; Spark apps $(active_apps)"
+while left=$(for w in "${WORKERS[@]}"; do runner_processes "$w"; done); [ -n "$left" ] || [ "$(task_apps)" != "[]" ]; do
+  [ "$(now)" -lt "$deadline" ] || fail "60s after the task was marked failed, still running: ${left:-(no process)}; its Spark app: $(task_apps)"
   sleep 1
 done
 gone_s=$(( $(now) - t0 ))
 long_state=$(wait_for_run "$long_id" 120)
 [ "$long_state" = failed ] || fail "the run whose task was marked failed ended $long_state"
-say "marked failed: its ranks and reapers were gone from both workers and its Spark app from the master in ${gone_s}s; run $long_state"
+say "marked failed: its ranks and reapers were gone from both workers and its Spark app ($DAG.train) from the master in ${gone_s}s; run $long_state; Spark apps: $(active_apps)"
 
 # --- 6. tear down ------------------------------------------------------------------------------------------------
 if [ "${KEEP:-0}" != 1 ]; then

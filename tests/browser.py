@@ -137,6 +137,16 @@ class Browser:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self.call("Input.insertText", session=True, text=text)
 
+    def log_in(self, url: str, user: str, password: str) -> None:
+        """Log in to the Airflow UI at ``url`` with the simple auth manager's form (its inputs have no names, the
+        password's has its type)."""
+        self.open(f"{url}/")
+        self.wait_for("!!document.querySelector('input[type=password]')", what="the login form")
+        self.type_into("input:not([type=password])", user)
+        self.type_into("input[type=password]", password)
+        self.evaluate("document.querySelector('button[type=submit]').click()")
+        self.wait_for("!location.pathname.startsWith('/auth')", what="logged in")
+
     def page_summary(self) -> str:
         """The page's frames, its first inputs and the start of its text, for a failure's message."""
         try:

@@ -47,17 +47,21 @@ def pytest_unconfigure(config):
 # session-wide servers its modules use for itself. The modules that share the expensive ones share a worker, so
 # that each server starts once or twice in a run, not on every worker:
 # - "deployment": the real Airflow deployments (PostgreSQL, the standalone cluster, namespace hosts, the local
-#   Connect server, MLflow) and the other MLflow modules;
+#   Connect server, MLflow) and the other MLflow modules (test_frameworks: the standalone cluster and MLflow);
 # - "servers": the other modules on the standalone cluster and on the local Connect server.
 # Workers take the groups in this order, then the other modules: the longest first, so that none starts last.
 WORKER_GROUPS = {
-    "deployment": ["test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"],
+    "deployment": [
+        *("test_airflow_deployment", "test_long_runs_deployment", "test_mlflow", "test_mlflow_airflow"),
+        "test_frameworks",
+    ],
     "servers": [
         *("test_spark_connect", "test_connect_airflow", "test_driver_ports", "test_killed_ranks"),
-        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs"),
+        *("test_slot_wait", "test_standalone_cluster", "test_durable_runs", "test_restarts"),
     ],
     **{name: [name] for name in ("test_hosts", "test_gpus", "test_progress_writes", "test_stalls", "test_progress")},
     **{name: [name] for name in ("test_failures_on_spark", "test_run_guards", "test_torch_distributor")},
+    "test_benchmarks": ["test_benchmarks"],  # each benchmark with a peer, once: 2-3 minutes
 }
 _GROUP_OF = {module: group for group, modules in WORKER_GROUPS.items() for module in modules}
 
@@ -172,13 +176,15 @@ def connect_local(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def connect_durable(tmp_path_factory):
+def connect_durable(request, tmp_path_factory):
     """The ``ConnectServer`` of a Spark Connect server on ``local[3]`` for a module of submitted runs: np=2 and the
-    run's host (one more task slot). Its application encrypts its traffic (the run's link and channel are TLS)."""
+    run's host (one more task slot); ``local[N]`` for a module that sets ``CONNECT_SLOTS = N`` (runs side by side).
+    Its application encrypts its traffic (the run's link and channel are TLS)."""
     from connect_server import ConnectServer
 
     settings = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true"}
-    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-durable"), "local[3]", **settings).start().warm()
+    master = f"local[{getattr(request.module, 'CONNECT_SLOTS', 3)}]"
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect-durable"), master, **settings).start().warm()
     yield server
     server.stop()
 

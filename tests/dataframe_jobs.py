@@ -97,6 +97,34 @@ def arrow_rows(table: pa.Table, start: int = 0) -> Iterator[pa.RecordBatch]:
 # --- functions the runs' ranks call (this module travels by value into them: see by_value) ---
 
 
+def slow_row(value):  # (no type hints: pyspark would try to infer a pandas UDF from them)
+    """A Python UDF's body that takes half a second a row: a DataFrame slow to compute."""
+    import time
+
+    time.sleep(0.5)
+    return value
+
+
+def held_after(calls: str, free: int, held: str, release: str) -> Callable[[int], int]:
+    """A Python UDF's body whose first ``free`` calls return at once (counted in the file ``calls``), and whose
+    later ones say so in the file ``held`` and wait until the file ``release`` exists (5 minutes at most)."""
+
+    def hold(value):  # (no type hints: see slow_row)
+        import os
+        import time
+
+        with open(calls, "a") as counted:
+            counted.write("x")
+        if os.path.getsize(calls) > free:
+            open(held, "a").close()
+            deadline = time.monotonic() + 300
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return value
+
+    return hold
+
+
 def loader_rows(ours: bool, num_samples: int, batch_size: int) -> list:
     """Each rank's batches from PySpark's loader (``ours``: airflow_provider_hvd's), as lists; every rank's."""
     import torch.distributed as dist

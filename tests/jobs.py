@@ -159,3 +159,33 @@ def train_until_gate(pid_dir: str, gate: str, limit: float = 300.0) -> dict:
         time.sleep(0.5)
     print(f"rank {hvd.rank()} passed the gate at step {step}", flush=True)
     return {"rank": hvd.rank(), "pid": os.getpid(), "steps": step}
+
+
+def value_of(megabytes: int) -> bytes:
+    """``megabytes`` MiB of known bytes (what ``big_value`` returns)."""
+    return bytes(range(256)) * (megabytes << 12)
+
+
+def big_value(megabytes: int) -> bytes | None:
+    """Rank 0 returns ``value_of(megabytes)`` (a value a watcher must never download)."""
+    rank = int(os.environ["HOROVOD_RANK"])
+    return value_of(megabytes) if rank == 0 else None
+
+
+def hold_slots_until(path: str, started: str | None = None):
+    """A task that holds its slot until ``path`` exists (at most 5 minutes); with ``started``, it says it runs by
+    a file of its own in that folder."""
+
+    def task(batches):
+        import os
+        import time
+        import uuid
+
+        if started:
+            open(os.path.join(started, uuid.uuid4().hex), "w").close()
+        deadline = time.monotonic() + 300
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        yield from batches
+
+    return task

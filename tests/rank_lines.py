@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from airflow_provider_hvd.runner.shared.rank_tag import rank_tag
+
 RANKS = "airflow_provider_hvd.ranks"
 
 
@@ -17,8 +19,14 @@ def lines_of(record: logging.LogRecord) -> list[tuple[int, str]]:
 
 
 def tagged_lines(records: list[logging.LogRecord]) -> list[str]:
-    """Each relayed line as the task log shows it, ``[rank N] text``, in the order logged."""
-    return [f"[rank {rank}] {text}" for r in records if r.name == RANKS for rank, text in lines_of(r)]
+    """Each relayed line as the task log shows it, ``[rank N] text`` (``[rank N, attempt K] text`` in a restarted
+    run's later attempts), in the order logged."""
+    return [
+        f"{rank_tag(getattr(r, 'attempt', 1)) % rank} {text}"
+        for r in records
+        if r.name == RANKS
+        for rank, text in lines_of(r)
+    ]
 
 
 def lines_by_rank(records: list[logging.LogRecord]) -> dict[int, list[str]]:

@@ -264,6 +264,9 @@ class SimulatedLauncher:
     def memory_settings(self) -> dict[str, str]:
         return {}
 
+    def ended(self) -> bool:
+        return self._proc is None or self._proc.poll() is not None
+
     def close(self, reason: str | None) -> None:
         assert self._proc is not None and self._reader is not None
         self._reader.join(self.scenario.give_up_s + 30)

@@ -71,6 +71,24 @@ def test_a_value_airflow_cannot_store_fails_once_with_advice_and_is_not_trained_
     assert "AirflowFailException" in task_log  # the task fails for good: a retry would train again
 
 
+def test_a_task_with_max_restarts_restarts_a_killed_rank_within_its_try(dags, tmp_path, caplog, capsys):
+    """@task.horovod(np=-2, max_restarts=1): rank 1 SIGKILLed after rank 0's checkpoint; the task succeeds in one
+    try, its second attempt resumed from that checkpoint (reported by this try), its log saying the restart."""
+    run = dags["hvd_restarts"].test(run_conf={"marks": str(tmp_path)})
+    assert states(run) == {"killed_once": "success"}
+    assert [ti.try_number for ti in run.get_task_instances()] == [1]
+    resumed = xcom(run, "killed_once")
+    assert resumed["path"] == str(tmp_path / "model.pt") and resumed["epoch"] == 1 and resumed["try_number"] == 1
+    assert stored(run, "killed_once")[CHECKPOINT_KEY]["finished"] is True
+    task_log = capsys.readouterr().out + caplog.text
+    assert re.search(
+        r"HorovodRunner: restart 1 of 1 after Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python "
+        r"exception: resuming from \S+/model\.pt \(epoch=1\), reported by try 1",
+        task_log,
+    ), task_log
+    assert "[rank 0, attempt 2] resumed from epoch 1" in tagged_lines(caplog.records)
+
+
 def test_killed_task_fails_and_leaves_nothing_running(dags, tmp_path, caplog):
     from pyspark import SparkContext
 

@@ -26,13 +26,22 @@ from spark_cluster import free_port
 EXAMPLE = "horovod_operator_example"  # dags/: HorovodRunnerOperator, driver_log_verbosity="all"
 CONNECT = "hvd_on_spark_connect"  # dags/hvd_connect_dags.py: HorovodRunnerOperator on a spark_connect connection
 DURABLE, DEFERRED = "durable_training", "deferred_training"  # dags/hvd_durable_dags.py: runs outliving the task
+MISSED_HEARTBEATS, LATE_RESUME = "durable_missed_heartbeats", "deferred_late_resume"  # (hvd_durable_dags.py too)
+HOLD_POOL, DEFERRAL_TIMEOUT = "hold_the_pool_slot", "deferred_execution_timeout"
+CLIENT_ADDRESS = "hvd_client_address_over_connect"  # dags/hvd_connect_dags.py: spark.horovodRunner.driverHost set
 DATAFRAME = "torch_dataframe_example"  # dags/: dataframe= (a templated SQL string), here on the standalone cluster
 DAGS = [
     *(EXAMPLE, "hvd_retry", "hvd_unreachable_master", "hvd_on_kill", "hvd_on_hosts", "torch_resume_on_retry", CONNECT),
     "hvd_mlflow_killed_hard",
-    *(DURABLE, DEFERRED),
+    *(DURABLE, DEFERRED, MISSED_HEARTBEATS, LATE_RESUME, HOLD_POOL, DEFERRAL_TIMEOUT, CLIENT_ADDRESS),
     DATAFRAME,
 ]
+# the Connect server (conftest's connect_durable) on local[9]: three submitted runs side by side (2 ranks and a host
+# each), for the tests of Airflow's own ends of a try (test_airflow_ending_a_try_...)
+CONNECT_SLOTS = 9
+# a task that misses its heartbeats this long is failed by the scheduler (Airflow's default: 300 s); a live
+# supervisor heartbeats every 5 s ([workers] min_heartbeat_interval)
+HEARTBEAT_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +69,10 @@ def airflow(standalone_cluster, hosts, connect_durable, mlflow_server, postgres,
     env = {
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_default),
         "AIRFLOW_CONN_SPARK_UNREACHABLE": json.dumps(unreachable),
-        # the URI form; a server on local[3]: a run that outlives its task holds a slot for its host
+        # the URI form; a run that outlives its task holds a slot for its host beside its ranks'
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_durable.url.replace("sc://", "spark-connect://"),
         "MLFLOW_TRACKING_URI": mlflow_server,  # for the tasks with mlflow=True
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
     }
     if hosts is not None:  # the driver, in the task's process, listens on the bridge the hosts reach
         on_hosts = {"spark.executor.cores": "1", **hosts.session_conf()}
@@ -72,6 +82,8 @@ def airflow(standalone_cluster, hosts, connect_durable, mlflow_server, postgres,
     failed_before = request.session.testsfailed
     database = postgres.create_database("airflow_deployment")
     deployment = AirflowDeployment(home, os.environ["AIRFLOW__CORE__DAGS_FOLDER"], database, env).start(DAGS)
+    # dags/hvd_durable_dags.py's pool of one slot: its deferred task's resume waits while another task holds it
+    deployment._json("POST", "/pools", json={"name": "late_resume", "slots": 1, "include_deferred": False})
     yield deployment
     deployment.stop()
     show_log_if_failed(request, deployment, failed_before)
@@ -385,18 +397,26 @@ def test_a_deferrable_task_is_deferred_while_it_trains_and_marking_it_failed_end
     assert not ranks_end_within(pids, 10), "ranks outlived the deferred task marked failed"
 
 
-def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, training, mlflow_server):
-    run_id, pids = training(DEFERRED)
+def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value_its_run_restarted_in_its_one_try(
+    airflow, training, mlflow_server
+):
+    """The task defers while its run trains; rank 1, killed (SIGKILL), restarts from the last checkpoint in the
+    run's host (max_restarts=1): the restart is in the task log, the trigger's XComs and then the task state store,
+    on the Training tab's curve, and in the one MLflow run; the task succeeds in its one try with rank 0's value.
+    Before: submit() refused max_restarts, and nothing in Airflow recorded a restart."""
+    run_id, _ = training(DEFERRED)
+    first = {rank: int((training.pid_dir / f"rank-{rank}.pid").read_text()) for rank in (0, 1)}
     wait_for_log(airflow, DEFERRED, run_id, "[rank 0] rank 0 step 1", 1)
     assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
     # the trigger's progress, as the task's XComs (a trigger has no task state store): the Training tab's while
     # the task is deferred
     deadline = time.monotonic() + 60
-    while not (metrics := deferred_metrics(airflow, run_id)):
-        assert time.monotonic() < deadline, "no hvd_metrics XCom from the trigger"
+    while not (metrics := deferred_xcom(airflow, run_id)) or not deferred_xcom(airflow, run_id, "hvd_checkpoint"):
+        assert time.monotonic() < deadline, "no hvd_metrics and hvd_checkpoint XComs from the trigger"
         time.sleep(0.5)
     assert metrics["try_number"] == 1 and metrics["series"]["loss"][0][0] == 0, metrics
-    tab = airflow.api.get(f"{airflow.url}/hvd-training/dags/{DEFERRED}/runs/{quote(run_id, safe='')}/tasks/train")
+    tab_url = f"{airflow.url}/hvd-training/dags/{DEFERRED}/runs/{quote(run_id, safe='')}/tasks/train"
+    tab = airflow.api.get(tab_url)
     assert tab.status_code == 200, tab.text
     assert 'data-state="deferred"' in tab.text and "metrics of rank 0 from try 1" in tab.text, tab.text
     assert 'class="curve"' in tab.text, tab.text  # the Training tab draws it while the task is deferred
@@ -406,23 +426,240 @@ def test_a_deferrable_task_resumes_on_a_worker_with_rank_0s_value(airflow, train
     recorded = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_mlflow")
     assert recorded.status_code == 200, recorded.text
     assert recorded.json()["value"]["run_id"] == training_run.info.run_id, recorded.text
+    # a rank killed after a checkpoint: the run's host starts attempt 2 from it, still in the deferred try
+    os.kill(first[1], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not (restarts := deferred_xcom(airflow, run_id, "hvd_restarts")) or (
+        restarts["attempts"][-1]["first_step"] is None  # (attempt 2 has reported a step)
+    ):
+        assert time.monotonic() < deadline, log_text(airflow.task_log(DEFERRED, run_id, "train", 1))[-5000:]
+        time.sleep(0.5)
+    assert airflow.task_instance(DEFERRED, run_id, "train")["state"] == "deferred"
+    tab = airflow.api.get(tab_url).text
+    assert '<g class="restart" data-attempt="2">' in tab and 'id="restarts"' in tab, tab  # on the curve
     training.gate.touch()
     state = airflow.wait_for_run(DEFERRED, run_id, timeout=120)
     logged = log_text(airflow.task_log(DEFERRED, run_id, "train", 1))
     assert state == "success", logged
-    assert "[rank 1] rank 1 passed the gate at step" in logged, logged
+    assert airflow.task_instance(DEFERRED, run_id, "train")["try_number"] == 1
     value = airflow.xcom(DEFERRED, run_id, "train")
-    assert value["pid"] == pids[0]
-    assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
-    # resumed, the task wrote the run's last progress to the task state store: every step; and its MLflow run
+    point = value["resumed_from"]
+    resumed = f"{training.pid_dir}/step-{point['step']}.json (step={point['step']})"
+    restart = (
+        "TorchDistributor: restart 1 of 1 after torch.distributed rank 1 of 2 failed: was killed by SIGKILL "
+        f"without a Python exception: resuming from {resumed}"
+    )
+    assert restart in logged and "[rank 1, attempt 2] rank 1 passed the gate at step" in logged, logged[-5000:]
+    second = {rank: int((training.pid_dir / f"rank-{rank}.pid").read_text()) for rank in (0, 1)}
+    assert value["pid"] == second[0]
+    assert starts_per_rank(training.pid_dir) == {f"rank-{r}.pids": [str(first[r]), str(second[r])] for r in (0, 1)}
+    # resumed, the task wrote the run's last progress to the task state store: every step (each once), its
+    # restart, and its MLflow run
     stored = airflow.state_store(DEFERRED, run_id, "train")
-    metrics = stored["hvd_metrics"]
-    assert [step for step, _ in metrics["series"]["loss"]] == list(range(value["steps"])), metrics
+    steps = [step for step, _ in stored["hvd_metrics"]["series"]["loss"]]
+    assert steps[0] == 0 and steps[-1] == value["steps"] - 1 and steps == sorted(set(steps)), steps
+    kept = stored["hvd_restarts"]
+    assert (kept["try_number"], kept["restarts"], kept["left_out"]) == (1, 1, 0), kept
+    one, two = kept["attempts"]
+    assert (one["attempt"], one["size"], one["cause_kind"], one["first_step"]) == (1, 2, "signal", 0), one
+    assert one["resumed_from"] is None and "was killed by SIGKILL" in one["cause"] and one["ended_at"], one
+    assert (two["attempt"], two["cause"], two["first_step"]) == (2, None, point["step"] + 1), two
+    assert two["resumed_from"]["path"] == point["path"] and two["ended_at"], two
     run = one_mlflow_run(mlflow_server, run_id)
     assert run.info.status == "FINISHED", run.info
     assert stored["hvd_mlflow"] == {"run_id": run.info.run_id, "url": mlflow_url(mlflow_server, run), "try_number": 1}
+    client = MlflowClient(mlflow_server)  # one MLflow run holds both attempts: the restart as a metric and tags
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "hvd.restarts")] == [(1, 1.0)]
+    assert json.loads(run.data.tags["hvd.attempt.1"])["cause_kind"] == "signal"
+    assert json.loads(run.data.tags["hvd.attempt.2"])["resumed_from"] == resumed
 
 
-def deferred_metrics(airflow, run_id: str) -> dict | None:
-    resp = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/hvd_metrics")
+def deferred_xcom(airflow, run_id: str, key: str = "hvd_metrics") -> dict | None:
+    resp = airflow.api.get(f"{airflow._ti_path(DEFERRED, run_id, 'train')}/xcomEntries/{key}")
     return resp.json()["value"] if resp.status_code == 200 else None
+
+
+# --- Airflow's own ends of a try, side by side: missed heartbeats, a late resume, a deferral's timeout ---
+
+
+def ti_state(airflow, dag_id: str, run_id: str, task_id: str = "train") -> str | None:
+    return airflow.task_instance(dag_id, run_id, task_id)["state"]
+
+
+def wait_for_state(airflow, dag_id: str, run_id: str, wanted, timeout: float, task_id: str = "train") -> str | None:
+    """The task instance's state once ``wanted(state)`` holds."""
+    deadline = time.monotonic() + timeout
+    while not wanted(state := ti_state(airflow, dag_id, run_id, task_id)):
+        assert time.monotonic() < deadline, f"{dag_id} {run_id} {task_id} still {state} after {timeout:.0f}s"
+        time.sleep(1)
+    return state
+
+
+class Scenario:
+    """One DAG run of dags/hvd_durable_dags.py with its own pid files and gate; what it saw, for the test to read."""
+
+    def __init__(self, airflow, dag_id: str, root: Path) -> None:
+        self.airflow, self.dag_id = airflow, dag_id
+        self.pid_dir, self.gate = root / "pids", root / "gate"
+        self.pid_dir.mkdir(parents=True)
+        self.run_id = ""
+        self.seen: dict[str, object] = {}
+
+    def start(self) -> list[int]:
+        """Trigger the DAG; the pids of rank 0 and 1, once both started."""
+        self.run_id = self.airflow.trigger(self.dag_id, {"pid_dir": str(self.pid_dir), "gate": str(self.gate)})
+        wait_for_pids(str(self.pid_dir), 2, timeout=300)
+        return [int((self.pid_dir / f"rank-{rank}.pid").read_text()) for rank in (0, 1)]
+
+    def log(self, try_number: int) -> str:
+        return log_text(self.airflow.task_log(self.dag_id, self.run_id, "train", try_number))
+
+    def starts(self) -> dict[str, list[str]]:
+        return starts_per_rank(self.pid_dir)
+
+
+def missed_heartbeats(scenario: Scenario) -> None:
+    """The first try's supervisor stops heartbeating (stopped) past the heartbeat timeout: the scheduler puts the
+    task instance up_for_retry; let go, the supervisor hears 409 from the API server and SIGTERMs the task."""
+    airflow, seen = scenario.airflow, scenario.seen
+    seen["pids"] = pids = scenario.start()
+    dag_id, run_id = scenario.dag_id, scenario.run_id
+    wait_for_log(airflow, dag_id, run_id, "Submitted the run: {", 1)
+    task_pid = airflow.task_instance(dag_id, run_id, "train")["pid"]
+    supervisor = parent_pid(task_pid)  # (LocalExecutor's worker process supervises the task's)
+    assert "airflow" in Path(f"/proc/{supervisor}/cmdline").read_text(), supervisor
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        seen["state"] = wait_for_state(airflow, dag_id, run_id, lambda s: s != "running", HEARTBEAT_TIMEOUT_S + 120)
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    wait_for_log(airflow, dag_id, run_id, "detaching from the run", 1)
+    seen["alive after the first try"] = [pid for pid in pids if alive(pid)]
+    wait_for_log(airflow, dag_id, run_id, "Attached to the run an earlier try submitted", 2, timeout=240)
+    wait_for_log(airflow, dag_id, run_id, "rank 0 step", 2)  # the ranks' later lines, in the retry's log
+    scenario.gate.touch()
+    seen["end"] = airflow.wait_for_run(dag_id, run_id, timeout=240)
+
+
+def late_resume(scenario: Scenario) -> None:
+    """The deferred task's run ends while another task holds the pool's one slot past the run's detached_timeout
+    (20 s): the task resumes late, as a task waiting for a busy pool does."""
+    airflow, seen = scenario.airflow, scenario.seen
+    seen["pids"] = scenario.start()
+    dag_id, run_id = scenario.dag_id, scenario.run_id
+    wait_for_state(airflow, dag_id, run_id, lambda s: s == "deferred", 120)
+    held = scenario.gate.with_name("held")
+    holder = airflow.trigger(HOLD_POOL, {"gate": str(held)})
+    try:
+        wait_for_state(airflow, HOLD_POOL, holder, lambda s: s == "running", 120, task_id="hold")
+        scenario.gate.touch()  # the run ends; the trigger fires and detaches
+        wait_for_state(airflow, dag_id, run_id, lambda s: s != "deferred", 120)
+        # nothing to wait on but the time: past the run's detached_timeout with nobody attached to it
+        time.sleep(20 + 15)
+        seen["state while late"] = ti_state(airflow, dag_id, run_id)
+    finally:
+        held.touch()
+    seen["end"] = airflow.wait_for_run(dag_id, run_id, timeout=240)
+    airflow.wait_for_run(HOLD_POOL, holder, timeout=60)
+
+
+def deferral_timeout(scenario: Scenario) -> None:
+    """A deferred task's execution_timeout (90 s) passes while its run trains on: the deferral times out."""
+    airflow, seen = scenario.airflow, scenario.seen
+    seen["pids"] = pids = scenario.start()
+    dag_id, run_id = scenario.dag_id, scenario.run_id
+    wait_for_state(airflow, dag_id, run_id, lambda s: s == "deferred", 120)
+    wait_for_state(airflow, dag_id, run_id, lambda s: s != "deferred", 90 + 120)
+    seen["alive 30s after the timeout"] = ranks_end_within(pids, 30)
+    seen["end"] = airflow.wait_for_run(dag_id, run_id, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def airflow_ends(airflow, tmp_path_factory):
+    """The three scenarios, side by side (each a thread): what each saw, or how it failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    scenarios = {
+        name: Scenario(airflow, dag_id, tmp_path_factory.mktemp(name))
+        for name, dag_id in (
+            ("missed_heartbeats", MISSED_HEARTBEATS),
+            ("late_resume", LATE_RESUME),
+            ("deferral_timeout", DEFERRAL_TIMEOUT),
+        )
+    }
+    with ThreadPoolExecutor(len(scenarios)) as pool:
+        done = {name: pool.submit(globals()[name], scenario) for name, scenario in scenarios.items()}
+    try:
+        yield {name: (scenarios[name], future.exception()) for name, future in done.items()}
+    finally:
+        for scenario in scenarios.values():
+            scenario.gate.touch()  # a run a failure left ends too
+
+
+def scenario_of(airflow_ends, name: str) -> Scenario:
+    scenario, failed = airflow_ends[name]
+    if failed is not None:
+        logs = "\n".join(scenario.log(n) for n in (1, 2) if scenario.run_id)
+        raise AssertionError(f"{name}: {failed!r}\n{logs[-6000:]}") from failed
+    return scenario
+
+
+@pytest.mark.timeout(900)  # (the first of them runs the three scenarios, side by side: 3-5 min)
+def test_a_missed_heartbeat_leaves_the_run_to_the_retry_which_attaches(airflow_ends):
+    """Airflow's scheduler fails a try that missed its heartbeats (up_for_retry), and its supervisor SIGTERMs
+    the task: no user ended it, so the task detaches; the run trains on and the retry attaches to it."""
+    scenario = scenario_of(airflow_ends, "missed_heartbeats")
+    seen, pids = scenario.seen, scenario.seen["pids"]
+    first, second = scenario.log(1), scenario.log(2)
+    assert seen["state"] == "up_for_retry", seen
+    assert (
+        "Airflow ended this try: the task instance is up_for_retry, as after missed heartbeats: detaching from the "
+        "run, which goes on for the retry" in first
+    ), first
+    assert "ending the run" not in first, first
+    assert seen["alive after the first try"] == pids, "a rank ended with the try that missed its heartbeats"
+    assert seen["end"] == "success", second
+    assert "[rank 0] rank 0 passed the gate at step" in second, second
+    assert scenario.starts() == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}  # one run: one start each
+    assert scenario.airflow.xcom(scenario.dag_id, scenario.run_id, "train")["pid"] == pids[0]
+
+
+@pytest.mark.timeout(900)  # (the first of them runs the three scenarios, side by side: 3-5 min)
+def test_a_deferred_task_that_resumes_after_the_detached_timeout_gets_rank_0s_value(airflow_ends):
+    """The trigger fired and detached; the task's resume waited for its pool's slot past the run's
+    detached_timeout: the run's host kept the outcome (outcome_timeout) and the task gets rank 0's value, from
+    the one run. (Passes once the runner's host keeps a finished run's outcome for outcome_timeout.)"""
+    scenario = scenario_of(airflow_ends, "late_resume")
+    seen, pids = scenario.seen, scenario.seen["pids"]
+    logged = scenario.log(1)
+    assert seen["state while late"] == "scheduled", seen  # resumed late: the pool's slot was held
+    assert seen["end"] == "success", logged
+    assert scenario.airflow.task_instance(scenario.dag_id, scenario.run_id, "train")["try_number"] == 1
+    value = scenario.airflow.xcom(scenario.dag_id, scenario.run_id, "train")
+    assert value["pid"] == pids[0], value
+    assert scenario.starts() == {f"rank-{r}.pids": [str(pids[r])] for r in (0, 1)}
+
+
+@pytest.mark.timeout(900)  # (the first of them runs the three scenarios, side by side: 3-5 min)
+def test_a_deferred_tasks_execution_timeout_ends_its_deferral_and_every_rank(airflow_ends):
+    """execution_timeout bounds the deferral too (defer(timeout=) with what is left of it): Airflow ends the
+    deferral without the trigger's on_kill(); its cleanup() past the deadline ends every rank."""
+    scenario = scenario_of(airflow_ends, "deferral_timeout")
+    seen = scenario.seen
+    logged = scenario.log(1)
+    assert seen["alive 30s after the timeout"] == [], logged
+    assert seen["end"] == "failed", logged
+    assert "TaskDeferralTimeout" in logged or "Trigger timeout" in logged, logged
+    assert "The task's execution_timeout has passed while it was deferred: ending the run" in logged, logged
+
+
+def test_a_client_that_sets_its_own_address_for_its_ranks_runs_durably(airflow):
+    """spark.horovodRunner.driverHost is where the task's own ranks would reach it (a client in a container):
+    the run's host, in the cluster, listens where it is. (Passes once the host's plan leaves out the settings
+    of the client's own address.)"""
+    run_id = airflow.trigger(CLIENT_ADDRESS)
+    state = airflow.wait_for_run(CLIENT_ADDRESS, run_id, timeout=240)
+    logged = log_text(airflow.task_log(CLIENT_ADDRESS, run_id, "allreduce"))
+    assert state == "success", logged
+    assert "Submitted the run: {" in logged, logged
+    assert airflow.xcom(CLIENT_ADDRESS, run_id, "allreduce") == {"size": 2, "sum": 3.0}

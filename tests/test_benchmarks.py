@@ -1,11 +1,13 @@
 """The benchmarks (benchmarks/): each script imports, and what it prints and writes from recorded figures is
-what it printed before its helpers moved to benchmarks/rounds.py. The benchmarks themselves are long; `make
-bench` runs them."""
+what it printed before its helpers moved to benchmarks/rounds.py. The benchmarks themselves are long (`make
+bench` runs them); here each one with a peer runs once at a tiny size, and each of its peers must have run."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -216,3 +218,57 @@ def test_durable_launch_report(bench):
         "attach       median 3.00s  min 2.50s  (label of attach)",
         "submit+wait / run (median): 1.50",
     ]
+
+
+# Each benchmark that sets ours beside a peer, run as `make bench` runs it, at a tiny size: the arguments, and the
+# methods (ours and its peers) whose figures its JSON must hold. A method that did not run has none (it is n/a in
+# the benchmark's table, and the benchmark exits 1).
+def _launch_ran(figures: dict) -> set[str]:
+    return {name for name, info in figures["methods"].items() if info["median_s"] is not None}
+
+
+PEERS = {
+    "launch": (["--check"], _launch_ran, {"hr_spark", "hvd_spark", "floor", "hr_local"}),
+    "torch_launch": (
+        ["--check", "--steps", "2"],
+        lambda f: (
+            _launch_ran(f["launch"])
+            | {f"{name} training" for name, info in f["training"]["methods"].items() if "error" not in info}
+            | {f"{name} failing" for name, info in f["failure"].items() if info["type"]}
+        ),
+        {"ours", "pyspark", "floor"}
+        | {f"{name} training" for name in ("ours", "pyspark", "torchrun", "ours_local")}
+        | {f"{name} failing" for name in ("ours", "pyspark", "torchrun")},
+    ),
+    "payload": (
+        ["--check", "--sizes", "0", "--clusters", "local"],
+        lambda rows: {row["method"] for row in rows},
+        {"HorovodRunner", "horovod.spark.run"},
+    ),
+    "logs": (
+        ["--lines", "10"],
+        lambda results: {r["method"] for r in results if r["relayed"] == 20},
+        {"HorovodRunner(np=2)", "HorovodRunner(np=-2)", "floor (2 processes -> pipes -> file)"},
+    ),
+    "dataframe_feed": (
+        ["--rows", "2000", "--shard-mib", "1"],
+        lambda f: {name for name in ("ours", "pyspark", "limit") if f[name]["rows_per_s"] > 0},
+        {"ours", "pyspark", "limit"},
+    ),
+}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", PEERS)
+def test_each_benchmark_runs_ours_and_each_of_its_peers(name, tmp_path):
+    arguments, ran, expected = PEERS[name]
+    figures = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), *arguments, "--json", str(figures)],
+        capture_output=True,
+        text=True,
+        cwd=BENCHMARKS.parent,
+        timeout=840,
+    )
+    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert expected <= ran(json.loads(figures.read_text())), done.stdout[-3000:]

@@ -181,6 +181,29 @@ def test_the_durable_example_trains_in_a_run_that_outlives_its_task(dags, spark_
     assert any(line.startswith("[rank 0] epoch 6/6: loss=") for line in tagged_lines(caplog.records))
 
 
+def test_a_task_whose_ranks_fit_the_server_and_its_host_does_not_runs_in_its_process_with_one_warning(
+    dags, connect_local, monkeypatch, caplog, capsys
+):
+    """@task.horovod(np=2) on a Connect server of 2 task slots ran before runs outlived their task, and runs so
+    still: in the task's process, not durably (the run's host would need a third slot), with one warning that
+    says why and what gives durability."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", connect_local.replace("sc://", "spark-connect://"))
+    run = dags["hvd_task_on_a_server_of_np_slots"].test()  # (tests/dags/hvd_connect_dags.py)
+    task_log = capsys.readouterr().out
+    assert states(run) == {"sum_over_connect": "success"}, task_log[-3000:]
+    assert xcom(run, "sum_over_connect") == {"size": 2, "sum": 3.0}
+    assert set(tagged_lines(caplog.records)) == {"[rank 0] rank 0 of 2 sums 3.0", "[rank 1] rank 1 of 2 sums 3.0"}
+    warnings = [line for line in task_log.splitlines() if "not durably" in line]
+    assert len(warnings) == 1, task_log[-3000:]
+    assert (
+        "Task 'sum_over_connect' runs in the task's process, not durably: HorovodRunner(np=2)'s 2 ranks fit the "
+        "cluster at local[2] (2 Spark task slots at most), but a submitted run needs 1 more for its host, which "
+        "holds it for the whole run: 3 at once. A run that outlives the task needs one more task slot on the "
+        "server; durable=False runs it in the task's process without this warning." in warnings[0]
+    ), warnings
+    assert "Submitted the run" not in task_log and "LaunchError" not in task_log, task_log[-3000:]
+
+
 def test_deferrable_on_a_classic_connection_is_refused_in_one_sentence(dags, spark_default_local, capsys):
     run = dags["deferrable_on_classic"].test()  # (tests/dags/hvd_durable_dags.py)
     assert states(run) == {"train": "failed"}
@@ -252,7 +275,7 @@ def test_a_trigger_run_again_after_its_triggerer_stopped_attaches_to_the_same_ru
             gate.touch()
             return (await asyncio.wait_for(watching, 120)).payload
 
-        assert asyncio.run(next_triggerer()) == {"job_id": job.id, "cause": None}
+        assert asyncio.run(next_triggerer()) == {"job_id": job.id, "outcome": "succeeded", "cause": None}
         with attach(job.id, logs=False) as task:  # the task, resumed on a worker
             assert task.wait(60)["pid"] == pids[0]
         for rank in (0, 1):  # the same ranks throughout

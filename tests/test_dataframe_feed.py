@@ -8,11 +8,13 @@ import contextlib
 import datetime
 import decimal
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -25,12 +27,14 @@ from dataframe_jobs import (
     ask_for_a_shard,
     by_value,
     ddp_steps,
+    held_after,
     horovod_ids,
     loader_rows,
     run_shards,
     shard_file_then,
     shards_of,
 )
+from pysparks import pysparks_result
 
 from airflow_provider_hvd import dataframe_shard
 from airflow_provider_hvd.runner import reaper
@@ -38,6 +42,7 @@ from airflow_provider_hvd.runner.agent.shard_writer import receive_shards
 from airflow_provider_hvd.runner.driver.launch.spark.cluster import is_connect
 from airflow_provider_hvd.runner.driver.launch.spark.connect_client import running_operations
 from airflow_provider_hvd.runner.driver.launch.spark.dataframe_plan import murmur3_int, partition_keys, plan_shards
+from airflow_provider_hvd.runner.rank import dataframe as shard_reader
 from airflow_provider_hvd.runner.shared.arrow_views import fixed_width_view
 from airflow_provider_hvd.runner.shared.naming import TORCH_DISTRIBUTOR
 from airflow_provider_hvd.runner.shared.shards import ROW_COLUMN, SHARD_ENV, FeedSpec
@@ -161,12 +166,16 @@ def test_a_coalesced_dataframe_feeds_a_barrier_job(spark_local):
 def test_the_plan_refuses_what_it_cannot_feed_in_one_sentence(spark_local):
     from pyspark.sql import functions as F
 
+    page = (Path(__file__).parent.parent / "docs" / "dataframes.md").read_text()
+    quoted = re.findall(r"`ValueError: (The DataFrame has [^`]+)`", re.sub(r"\s*\n\s*", " ", page))
+    assert len(quoted) == 2, quoted  # (the page quotes both refusals, as the code says them)
+    with pytest.raises(ValueError) as none:
+        plan_shards(spark_local.range(0), spark_local, 2, naming=TORCH_DISTRIBUTOR)
+    with pytest.raises(ValueError) as fewer:
+        plan_shards(spark_local.range(3), spark_local, 4, naming=TORCH_DISTRIBUTOR)
+    assert sorted(quoted) == sorted([str(none.value), str(fewer.value)])
     with pytest.raises(ValueError, match=r"^The DataFrame has no rows: HorovodRunner has nothing to give"):
         plan_shards(spark_local.range(0), spark_local, 2)
-    with pytest.raises(
-        ValueError, match=r"has 3 rows for TorchDistributor\(num_processes=4\).*Lower num_processes to at most 3"
-    ):
-        plan_shards(spark_local.range(3), spark_local, 4, naming=TORCH_DISTRIBUTOR)
     other = spark_local.newSession()
     with pytest.raises(ValueError, match=r"^The DataFrame belongs to another SparkSession than the one Horovod"):
         plan_shards(other.range(4), spark_local, 2)
@@ -319,6 +328,7 @@ def local_shards(table: pa.Table, ranks: int, batch_rows: int = 100):
         yield use
     finally:
         os.environ.pop(SHARD_ENV, None)
+        shard_reader._opened = None  # (the next test's file may get this one's descriptor, and so its path)
         for shards in written:
             shards.close()
 
@@ -428,6 +438,143 @@ def test_an_array_column_is_2d_or_objects_in_every_batch_of_the_shard():
             assert {(b["with_null"].dtype, b["with_null"].ndim) for b in batches} == {(np.dtype(object), 1)}
             assert {(b["even"].dtype, b["even"].shape[1:]) for b in batches} == {(np.dtype(np.float32), (2,))}
         assert shard.take([0])["ragged"][0].tolist() == [1.0, 2.0] and shard.take([150])["with_null"][0] is None
+
+
+def test_an_array_column_with_a_null_element_has_one_element_dtype_in_every_batch():
+    """A null element (not a null row) in the second record batch only: an array<bigint> column is float64 (NaN
+    for the null element) in every batch, 2-D, also in the first batch, read in order, shuffled or taken; an
+    array<boolean> one objects (None); one without a null element keeps int64. Before, the first batch was int64
+    and the second float64."""
+    ints = pa.array([[i, i + 1] for i in range(150)] + [[150, None]] + [[i, i + 1] for i in range(151, 200)])
+    flags = pa.array([[True, False]] * 150 + [[None, True]] + [[False, True]] * 49, pa.list_(pa.bool_()))
+    plain = pa.array([[i, -i] for i in range(200)], pa.list_(pa.int64()))
+    with local_shards(pa.table({"ints": ints, "flags": flags, "plain": plain}), 1) as shard_of:
+        shard = shard_of(0)  # (record batches of 100: the null element is in the second)
+        for batches in (
+            list(shard.iter_batches(50)),
+            list(shard.iter_batches(64, shuffle=True, seed=1)),
+            [shard.take([0, 1]), shard.take([150, 199])],
+        ):
+            assert {(b["ints"].dtype, b["ints"].shape[1:]) for b in batches} == {(np.dtype(np.float64), (2,))}
+            assert {(b["flags"].dtype, b["flags"].shape[1:]) for b in batches} == {(np.dtype(object), (2,))}
+            assert {(b["plain"].dtype, b["plain"].shape[1:]) for b in batches} == {(np.dtype(np.int64), (2,))}
+        assert np.isnan(shard.take([150])["ints"][0][1]) and shard.take([150])["flags"][0].tolist() == [None, True]
+        assert shard.take([0])["ints"].tolist() == [[0.0, 1.0]] and shard.take([3])["flags"][0].tolist() == [
+            True,
+            False,
+        ]
+        tensors = list(shard.iter_torch_batches(50, columns=["ints", "plain"]))
+        assert {(t["ints"].dtype, t["plain"].dtype) for t in tensors} == {(torch.float64, torch.int64)}
+
+
+def vectors(rows: list) -> pa.Array:
+    """Spark ML vectors as they travel in Arrow (VectorUDT's struct): a list of floats is dense, a
+    ``(size, indices, values)`` sparse, None null."""
+    data = [
+        None
+        if row is None
+        else {"type": 1, "size": None, "indices": None, "values": row}
+        if isinstance(row, list)
+        else {"type": 0, "size": row[0], "indices": row[1], "values": row[2]}
+        for row in rows
+    ]
+    kind = pa.struct(
+        [
+            ("type", pa.int8()),
+            ("size", pa.int32()),
+            ("indices", pa.list_(pa.int32())),
+            ("values", pa.list_(pa.float64())),
+        ]
+    )
+    return pa.array(data, kind)
+
+
+def every_kind(rows: int) -> pa.Table:
+    """A column of each kind a gather reads, some with nulls (rows, elements), long and short strings and bytes."""
+    ids = range(rows)
+    return pa.table(
+        {
+            "number": pa.array(np.arange(rows, dtype=np.float32)),
+            "label": pa.array([None if i % 97 == 5 else i for i in ids], pa.int64()),
+            "flag": pa.array([None if i % 89 == 3 else i % 3 == 0 for i in ids], pa.bool_()),
+            "text": pa.array([None if i % 83 == 1 else f"row {i} " * (i % 4) for i in ids]),
+            "blob": pa.array([bytes([i % 256]) * (i % 300) for i in ids], pa.binary()),
+            "price": pa.array([decimal.Decimal(i) / 100 for i in ids], pa.decimal128(12, 2)),
+            "when": pa.array([None if i % 7 == 0 else i * 1000 for i in ids], pa.timestamp("us")),
+            "features": pa.array([[i, i + 0.5, -i, 1.0] for i in ids], pa.list_(pa.float32())),
+            "fixed": pa.array([[i, -i] for i in ids], pa.list_(pa.int32(), 2)),
+            "tokens": pa.array([None if i % 50 == 7 else [i, None][: i % 3] for i in ids], pa.list_(pa.int64())),
+            "dense": vectors([[float(i), 2.0, 3.0] for i in ids]),
+            "mixed": vectors([None if i % 61 == 2 else [float(i), 1.0] if i % 2 else (3, [0], [i]) for i in ids]),
+        }
+    )
+
+
+def same(a, b) -> bool:
+    """Two values of a batch alike: NaN as NaN, NaT as NaT, arrays element by element."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind == "f" and b.dtype.kind == "f":
+            return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+        return a.shape == b.shape and all(same(x, y) for x, y in zip(a.ravel(), b.ravel(), strict=True))
+    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
+        return True
+    if isinstance(a, np.datetime64 | np.timedelta64) and isinstance(b, np.datetime64 | np.timedelta64):
+        return bool((np.isnat(a) and np.isnat(b)) or a == b)
+    return bool(a == b) if a is not None and b is not None else a is b
+
+
+def test_a_shuffled_batch_holds_the_rows_an_ordered_one_does():
+    """Every kind of column, rows gathered from all over the shard (record batches of 100), give each row as the
+    ordered batches give it, with the same dtype and shape."""
+    table = every_kind(1000)
+    with local_shards(table, 1) as shard_of:
+        shard = shard_of(0)
+        ordered = {name: [] for name in table.column_names}
+        for batch in shard.iter_batches(128):
+            for name, values in batch.items():
+                ordered[name].extend(values)
+        [first_ordered] = list(shard.iter_batches(1000))
+        rows = np.random.default_rng(7).permutation(1000)[:300]
+        taken = shard.take(rows)
+        for name in table.column_names:
+            assert taken[name].dtype == first_ordered[name].dtype, name
+            assert taken[name].shape[1:] == first_ordered[name].shape[1:], name
+            for k, row in enumerate(rows):
+                assert same(taken[name][k], ordered[name][row]), (name, int(row), taken[name][k], ordered[name][row])
+        shuffled = list(shard.iter_batches(256, shuffle=True, seed=3))
+        assert {b["number"].dtype for b in shuffled} == {np.dtype(np.float32)}
+        assert sorted(np.concatenate([b["number"] for b in shuffled]).tolist()) == list(range(1000))
+
+
+def test_a_shuffled_batch_reads_only_its_rows_whatever_the_shard_size():
+    """A batch of 64 rows gathered from all over a shard of 60,000 rows (its columns up to 9 MB each): what it
+    allocates, in Arrow's memory pool and in NumPy (tracemalloc), is the batch's, not a column's. Arrow's
+    ChunkedArray.take, used before, concatenated every record batch of the column first: a copy of the whole
+    column per batch."""
+    import tracemalloc
+
+    table = every_kind(60_000)
+    sizes = {name: table.column(name).nbytes for name in table.column_names}
+    with local_shards(table, 1, batch_rows=1000) as shard_of:
+        shard = shard_of(0)
+        shard.take([0, 59_999])  # (the columns' layouts, made once)
+        rows = np.random.default_rng(1).permutation(60_000)[:64]
+        grew = {}
+        for name in table.column_names:
+            default = pa.default_memory_pool()
+            pool = pa.proxy_memory_pool(default)
+            pa.set_memory_pool(pool)
+            tracemalloc.start()
+            try:
+                shard.take(rows, columns=[name])
+                numpy = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+                pa.set_memory_pool(default)
+            grew[name] = (pool.max_memory() + numpy, sizes[name])
+    assert max(size for _, size in grew.values()) > 9_000_000, grew
+    assert all(grown < 200_000 for grown, _ in grew.values()), grew  # (before: each column's size, and more)
 
 
 def test_a_rank_asks_for_what_its_shard_cannot_give():
@@ -705,7 +852,7 @@ def pyspark_rows(spark):
     )
 
 
-def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local):
+def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local, capfd):
     """PySpark's code, with its import changed: _train_on_dataframe and get_spark_partition_data_loader give
     every rank the batches PySpark's own TorchDistributor._train_on_dataframe gives it, on the same DataFrame
     (fewer samples than rows, and more: both cycle over the shard)."""
@@ -718,8 +865,11 @@ def test_pysparks_own_usage_gives_the_rows_pysparks_class_gives(spark_local):
         ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
             loader_rows, df, True, 25, 8
         )
-        theirs = PySparks(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
-            loader_rows, df, False, 25, 8
+        theirs = pysparks_result(
+            lambda: PySparks(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
+                loader_rows, df, False, 25, 8
+            ),
+            capfd,
         )
     assert ours == theirs
     assert [batch[0] for batch in ours[1][:2]] == [list(range(20, 28)), list(range(28, 36))]
@@ -887,6 +1037,60 @@ def test_a_cancel_ends_the_row_count_and_the_run_at_once(spark, tmp_path):
     assert len(errors) == 1 and isinstance(errors[0], RunCancelledError), errors
     assert str(errors[0]).startswith("TorchDistributor: the run was cancelled before its ranks started"), errors
     assert ended_in < 10 and left == 0, (ended_in, left)
+
+
+def test_a_cancel_while_spark_computes_the_rows_says_how_far_they_got(spark, tmp_path):
+    """A cancel while Spark computes the DataFrame's rows for the barrier job (after their count, which goes free):
+    the run raises RunCancelledError naming the DataFrame and how far it got, not the ranks. Over Spark Connect
+    the driver knows it from the server's progress reports: the cancel waits for the first."""
+    import threading
+
+    from airflow_provider_hvd import RunCancelledError, TorchDistributor
+
+    F = functions_of(spark)
+    held, release = tmp_path / "held", tmp_path / "release"
+    hold = held_after(str(tmp_path / "calls"), 4, str(held), str(release))  # (the count's 4 calls go free)
+    distributor = TorchDistributor(2, local_mode=False, use_gpu=False, start_timeout=1)
+    errors: list[BaseException] = []
+    reported = threading.Event()
+
+    def progress(stages, inflight_tasks, operation_id, done) -> None:
+        if held.exists() and inflight_tasks:
+            reported.set()
+
+    def run() -> None:
+        try:
+            with distributor._on_session(spark):
+                distributor.train_on_dataframe(ask_for_a_shard, df)
+        except BaseException as exc:  # noqa: BLE001 - the test checks it
+            errors.append(exc)
+
+    with by_value(ask_for_a_shard):
+        df = spark.range(0, 4, numPartitions=2).select(F.udf(hold, "long")(F.col("id")).alias("id"))
+        if is_connect(spark):
+            spark.registerProgressHandler(progress)
+        else:
+            reported.set()  # (a classic session's status store has the stage as it starts)
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not held.exists() or not reported.is_set():  # the barrier job's computation waits for the release
+                assert thread.is_alive() and time.monotonic() < deadline, errors
+                time.sleep(0.1)
+            distributor.cancel()
+            thread.join(30)
+        finally:
+            release.touch()
+            thread.join(120)
+            if is_connect(spark):
+                spark.removeProgressHandler(progress)
+    assert len(errors) == 1 and isinstance(errors[0], RunCancelledError), errors
+    assert re.match(
+        r"TorchDistributor: the run was cancelled before its ranks started \(at that moment: Spark computes the "
+        r"DataFrame's rows for the barrier job \(\d+ of its tasks done, \d+ running\)\)$",
+        str(errors[0]),
+    ), errors[0]
 
 
 def test_a_run_on_a_dataframe_refuses_what_it_cannot_feed_naming_the_fix(spark_local):

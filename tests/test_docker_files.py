@@ -220,12 +220,17 @@ def test_the_connect_server_runs_on_the_cluster_with_room_for_a_durable_run_besi
     assert int(conf["spark.connect.grpc.binding.port"]) == conn.port and published_ports(services["spark-connect"]) == {
         conn.port
     }
-    worker_cores = sum(
+    workers = ("spark-worker-1", "spark-worker-2")
+    worker_cores = [
         int(dict(zip(cmd[3::2], cmd[4::2], strict=True))["--cores"])
-        for cmd in (shlex.split(services[w]["command"]) for w in ("spark-worker-1", "spark-worker-2"))
-    )
+        for cmd in (shlex.split(services[w]["command"]) for w in workers)
+    ]
     ranks = dags["torch_durable_example"].get_task("train").num_processes
     connect_cores = int(conf["spark.cores.max"])
     assert connect_cores // int(conf["spark.executor.cores"]) >= ranks + 1  # the ranks and the run's host
-    assert worker_cores - connect_cores >= 2  # horovod_train_example's 2 ranks on the classic master
+    # the master spreads the server's executors evenly over the workers, registered before it starts: each keeps
+    # one core for the classic jobs, so that horovod_train_example's 2 ranks run one on each
+    assert all(services["spark-connect"]["depends_on"][w] == {"condition": "service_healthy"} for w in workers)
+    assert connect_cores % len(workers) == 0
+    assert [cores - connect_cores // len(workers) for cores in worker_cores] == [1, 1]
     assert dags["torch_durable_example"].get_task("train").conn_id == "spark_connect_default"

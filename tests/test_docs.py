@@ -268,6 +268,8 @@ def _documented_value(text: str) -> object:
         return None
     if text.endswith(" s"):
         return float(text.removesuffix(" s"))
+    if text.isdigit():
+        return int(text)
     return text.strip('"')
 
 

@@ -4,11 +4,15 @@ The submitting, attaching and cancelling clients are real processes (tests/durab
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,20 +23,38 @@ from pathlib import Path
 import pytest
 from connect_server import connect_session
 from dataframe_jobs import ask_for_a_shard, horovod_ids
-from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, train_until_gate, wait_for_pids
+from jobs import (
+    alive,
+    allreduce_sum,
+    assert_all_gone,
+    big_value,
+    fail_on_rank,
+    hold_slots_until,
+    train_until_gate,
+    value_of,
+    wait_for_pids,
+)
+from restart_jobs import train_until_killed
 
 from airflow_provider_hvd import (
     HorovodRunner,
+    HostSlotError,
     JobNotFoundError,
+    JobStatus,
     LaunchError,
     RankFailedError,
     RunCancelledError,
     TorchDistributor,
     attach,
 )
+from airflow_provider_hvd.runner.durable import submit as submit_module
+from airflow_provider_hvd.runner.durable.host import connection_string, later_attempt, open_session
+from airflow_provider_hvd.runner.durable.link import LINK_CONF, LinkAddress
+from airflow_provider_hvd.runner.shared.liveness import Liveness
 
 TESTS = Path(__file__).resolve().parent
 CLIENT = TESTS / "durable_client.py"
+LIVENESS = Liveness(0.5, 3.0)  # a later attempt of the host's task called here probes the first one this often
 
 
 class Client:
@@ -107,6 +129,18 @@ def repeated_tail(before: list[str], after: list[str]) -> int:
     return max(k for k in range(len(after) + 1) if k <= len(before) and before[len(before) - k :] == after[:k])
 
 
+def assert_no_line_lost(before: list[str], after: list[str], repeated_at_most: int | None = None) -> None:
+    """The training lines one client relayed (``before``), then the next one: each rank's steps in order, none
+    lost, none repeated but a tail of ``before`` that ``after`` begins with."""
+    again = repeated_tail(before, after)
+    assert (repeated_at_most is None or again <= repeated_at_most) and not set(before) & set(after[again:]), (
+        before,
+        after,
+    )
+    for rank, steps in steps_per_rank(before + after[again:]).items():
+        assert steps == list(range(len(steps))), f"rank {rank}'s lines lost or out of order: {steps}"
+
+
 def steps_per_rank(lines: list[str]) -> dict[int, list[int]]:
     steps: dict[int, list[int]] = {}
     for line in lines:
@@ -136,12 +170,8 @@ def test_a_run_outlives_its_killed_submitter_and_a_new_process_attaches(connect_
         value = json.loads(attacher.wait_for("VALUE ").split("VALUE ", 1)[1])
         assert value["rank"] == 0 and value["pid"] in pids
         assert any("rank 1 passed the gate" in line for line in attacher.lines)
-        after = rank_steps(attacher.lines)
         # no line lost; none repeated but the last ones the killed process relayed and could not acknowledge
-        again = repeated_tail(before, after)
-        assert again <= 6 and not set(before) & set(after[again:]), (before, after)
-        for rank, steps in steps_per_rank(before + after[again:]).items():
-            assert steps == list(range(len(steps))), f"rank {rank}'s lines lost or out of order: {steps}"
+        assert_no_line_lost(before, rank_steps(attacher.lines), repeated_at_most=6)
         for rank in (0, 1):  # the same rank processes from start to end: no second start
             assert (pid_dir / f"rank-{rank}.pids").read_text().split() == [(pid_dir / f"rank-{rank}.pid").read_text()]
         assert_all_gone(pids, within=30)
@@ -209,18 +239,62 @@ def test_a_rank_that_failed_while_nobody_was_attached_is_named_on_attach(connect
     assert job.status().cause == "Horovod rank 1 of 2 failed: ValueError: boom from rank 1"
 
 
+def test_a_submitted_run_restarts_in_its_host_and_another_process_gets_the_restarted_runs_value(
+    connect_durable, tmp_path, caplog
+):
+    """max_restarts=1: rank 1 is SIGKILLed after epoch 3's checkpoint; the run's host starts attempt 2, which resumes
+    from it. The submitter sees the restart in its log and job.status(); a process that attaches during attempt 2
+    sees it in its status, relays attempt 2's lines tagged with it, and gets the restarted run's value.
+    Before: submit() refused max_restarts."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    ckpt, pid_dir, gate = tmp_path / "ckpt", tmp_path / "pids", tmp_path / "gate"
+    ckpt.mkdir()
+    pid_dir.mkdir()
+    attacher = None
+    try:
+        with connect_session(connect_durable.url):
+            job = HorovodRunner(np=2, max_restarts=1, driver_log_verbosity="all").submit(
+                train_until_killed, ckpt_dir=str(ckpt), pid_dir=str(pid_dir), kill_after_epoch=3, gate=str(gate)
+            )
+            until(lambda: job.status().attempt == 2 and job.status().ranks_started == 2, 180, "attempt 2 starts")
+            assert job.status().phase in ("starting", "running") and not job.done()
+            attacher = Client("attach", job.id)
+            assert "attempt=2" in attacher.wait_for("ATTACHED ")  # (its job.status())
+            gate.touch()
+            value = json.loads(attacher.wait_for("VALUE ").split("VALUE ", 1)[1])
+            assert value["resumed_from"]["path"] == f"{ckpt}/epoch-3.pt" and value["epochs_trained"] == [4, 5]
+            assert job.wait(60) == value and job.status() == JobStatus("ended", 2, 2, None, attempt=2)
+        assert [record["cause_kind"] for record in job.attempts] == ["signal", None]
+        assert job.attempts[1]["resumed_from"]["epoch"] == 3 and job.checkpoint["path"] == f"{ckpt}/epoch-5.pt"
+        restart = (
+            "HorovodRunner: restart 1 of 1 after Horovod rank 1 of 2 failed: was killed by SIGKILL without a Python "
+            f"exception: resuming from {ckpt}/epoch-3.pt (epoch=3)"
+        )
+        assert restart in [r.getMessage() for r in caplog.records], caplog.text[-3000:]
+        assert "[rank 1] epoch 3 done" in caplog.text and "[rank 1, attempt 2] epoch 4 done" in caplog.text
+        assert any(line.endswith("[rank 1, attempt 2] epoch 4 done") for line in attacher.lines), attacher.lines
+        assert_all_gone([int(path.read_text()) for path in pid_dir.glob("*.pid")], within=30)
+    finally:
+        gate.touch()
+        if attacher is not None:
+            attacher.stop()
+
+
+def run_connection(url: str) -> str:
+    """The connection string of a session of ``url`` (the runs' user): a run's session is opened with it."""
+    with connect_session(url) as spark:
+        return connection_string(spark)[0]
+
+
 def test_a_host_that_spark_retried_refuses_to_start_the_run_again(connect_durable):
     """Spark retries a failed task (spark.task.maxFailures, on a cluster): the host's retry must not train from
-    scratch under the same id. (local[3] retries no task: the retry's refusal is called as a retry calls it.)"""
-    from airflow_provider_hvd.runner.durable.host import open_session, refuse_retry
-    from airflow_provider_hvd.runner.durable.submit import connection_string
-
+    scratch under the same id. (local[3] retries no task: the retry is called as a retry calls it.)"""
     with connect_session(connect_durable.url) as spark:
         connection, shown, user_id = connection_string(spark)
     session_id = str(uuid.uuid4())
     open_session(connection, session_id).client.close()
     with pytest.raises(RuntimeError, match=r"the run's host was lost .* a submitted run is not started again"):
-        refuse_retry("HorovodRunner", connection, session_id)
+        later_attempt("HorovodRunner", connection, session_id, LIVENESS, start_wait=0)
     ident = {
         "server": shown,
         "session_id": session_id,
@@ -229,10 +303,40 @@ def test_a_host_that_spark_retried_refuses_to_start_the_run_again(connect_durabl
         "runner": "HorovodRunner",
         "detached_timeout": 900.0,
     }
-    with pytest.raises(JobNotFoundError, match=r"has ended: its host was lost .* not started again"):
+    with pytest.raises(JobNotFoundError, match=r"has ended: the run's host was lost .* not started again"):
         attach(ident)
     with pytest.raises(JobNotFoundError, match=r"has ended: its Spark Connect session was closed"):
         attach(ident)  # the attach released what was left of the run
+
+
+def test_a_later_attempt_of_the_host_beside_a_live_first_one_leaves_the_run_alone(
+    connect_durable, tmp_path, gate, caplog
+):
+    """A speculative copy of the host's task (Spark's speculation: a later attempt while the first one still runs)
+    waits beside the live first attempt: it neither marks the run lost (an attach would end it) nor completes
+    before it. Forced: speculation is not on in the test servers, so the copy is called as the task calls it."""
+    with connect_session(connect_durable.url) as spark:
+        connection = connection_string(spark)[0]
+        job = HorovodRunner(np=2).submit(train_until_gate, pid_dir=str(tmp_path), gate=str(gate))
+        wait_for_pids(str(tmp_path), 2, timeout=120)
+        session_id = json.loads(job.id)["session_id"]
+        copy: list[BaseException] = []
+        copy_thread = threading.Thread(
+            target=lambda: copy.extend(catch(lambda: later_attempt("HorovodRunner", connection, session_id, LIVENESS))),
+            name="test-speculative-copy",
+        )
+        copy_thread.start()
+        deadline = time.monotonic() + 30
+        while "waits beside the first one" not in caplog.text:
+            assert time.monotonic() < deadline and copy_thread.is_alive(), (copy, caplog.text)
+            time.sleep(0.2)
+        with attach(job.id, logs=False) as other:  # found alive: the copy marked nothing
+            assert other.status().phase == "running"
+            gate.touch()
+            assert other.wait(120)["rank"] == 0
+        assert job.wait(60)["rank"] == 0
+    copy_thread.join(60)  # the first attempt gone (its session released), the copy gives up: it never completed
+    assert len(copy) == 1 and isinstance(copy[0], RuntimeError), copy
 
 
 def test_submit_and_wait_return_what_run_returns(connect_durable):
@@ -385,6 +489,7 @@ def test_a_watcher_leaves_the_outcome_to_a_later_client_and_close_ends_a_wait(co
     assert len(waited) == 1 and isinstance(waited[0], RunDetachedError), waited
     assert "detached from it (job.close()); it goes on" in str(waited[0])
     watcher = attach(job.id, logs=False, fetch=False)
+    assert watcher.status() == JobStatus("running", 2, 2)  # as the host said it before attach() returned
     with pytest.raises(Exception, match=r"this handle only watches \(fetch=False\): use watch\(\)"):
         watcher.wait()
     gate.touch()
@@ -411,6 +516,22 @@ def test_refusals_are_one_sentence(connect_durable):
     with connect_session(connect_durable.url) as spark:
         with pytest.raises(TypeError, match=r"submit_on_dataframe takes the DataFrame's recipe, not a DataFrame: "):
             HorovodRunner(np=2).submit_on_dataframe(allreduce_sum, spark.range(4))
+        # local[3]: the user's np and the run's host, named apart
+        with pytest.raises(
+            HostSlotError,
+            match=r"^HorovodRunner\(np=3\)'s 3 ranks fit the cluster at local\[3\] \(3 Spark task slots at most\), but "
+            r"a submitted run needs 1 more for its host, which holds it for the whole run: 4 at once\. Give the "
+            r"cluster one more task slot, lower np to at most 2, or use run\(\), whose supervisor is the calling",
+        ):
+            HorovodRunner(np=3).submit(allreduce_sum)
+        with pytest.raises(
+            LaunchError,
+            match=r"^TorchDistributor\(num_processes=4\) needs 4 Spark task slots at once for its ranks and a "
+            r"submitted run 1 more for its host, 5 in all \(a barrier job starts all its tasks together\), but the "
+            r"cluster at local\[3\] has 3 at most \(spark.task.cpus=1\)\. Lower num_processes to at most 2 to submit "
+            r"it \(or at most 3 with run\(\), which needs no slot for a host\), give the cluster more",
+        ):
+            TorchDistributor(num_processes=4, local_mode=False, use_gpu=False).submit(allreduce_sum)
     with pytest.raises(TypeError, match=r"takes the DataFrame's SQL \(a string\) or a callable .*, not int"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).submit_on_dataframe(allreduce_sum, 4)
     with pytest.raises(ValueError, match="is not a run's id: give job.id as submit"):
@@ -511,3 +632,236 @@ def test_a_submitted_run_has_the_sessions_secret_settings_and_credentials_and_th
     assert "python_udf" in log  # (a released session's running operation is logged whole: the host's is one)
     for secret in (account_key, server.password):
         assert secret not in log
+
+
+def until(condition, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g}s: {what}"
+        time.sleep(0.2)
+
+
+class LinkProxy:
+    """A TCP relay put in a run's session in the place of its host's link (what a client reads to attach): it
+    counts the bytes the host sends each connection through it (``received``, in the order they came), and cuts the
+    next one once the host sent it ``cut_after`` bytes (a network that drops). TLS and the handshake pass through."""
+
+    def __init__(self, url: str, job_id: str) -> None:
+        self._session = open_session(run_connection(url), json.loads(job_id)["session_id"])
+        self._published = str(self._session.conf.get(LINK_CONF))
+        self.target = LinkAddress.from_conf(self._published)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.received: list[int] = []
+        self.cut_after: int | None = None
+        relayed = dataclasses.replace(self.target, host="127.0.0.1", port=self._listener.getsockname()[1])
+        self._session.conf.set(LINK_CONF, relayed.to_conf())
+        threading.Thread(target=self._serve, name="test-link-proxy", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            host = socket.create_connection((self.target.host, self.target.port))
+            index, cut = len(self.received), self.cut_after
+            self.received.append(0)
+            self.cut_after = None
+            threading.Thread(target=self._pump, args=(client, host, None, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(host, client, index, cut), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, index: int | None, cut: int | None) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if cut is not None and index is not None and self.received[index] + len(data) >= cut:
+                    data = data[: cut - self.received[index]]
+                    sink.sendall(data)
+                    self.received[index] += len(data)
+                    break
+                sink.sendall(data)
+                if index is not None:
+                    self.received[index] += len(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> LinkProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listener.close()
+        with contextlib.suppress(Exception):  # (the run's session may be gone: its outcome fetched)
+            self._session.conf.set(LINK_CONF, self._published)
+        self._session.client.close()
+
+
+def test_a_finished_runs_outcome_is_kept_past_its_lease_until_fetched_and_a_watcher_never_downloads_it(
+    connect_durable,
+):
+    """A run returning 20 MiB ends while its submitter is attached; the submitter detaches without fetching. A
+    watcher (Airflow's trigger) gets the outcome but not the value; nobody is attached for longer than the run's
+    detached_timeout (the lease ends a running run only), then a fetching attach gets the value, though its link
+    drops half-way through it (it attaches again); once it holds the value the host lets the run go."""
+    megabytes = 20
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2, detached_timeout=3).submit(big_value, megabytes=megabytes)
+        until(lambda: job.status().ended, what="the run's end")
+        job.close()  # (its link had the value too: it never fetched it, the host keeps it)
+    with LinkProxy(connect_durable.url, job.id) as proxy:
+        with attach(job.id, fetch=False) as watcher:
+            status = watcher.watch(60)
+        assert status == JobStatus("ended", 2, 2, None)
+        assert proxy.received[0] < 64 << 10, f"the watcher received {proxy.received[0]} bytes"
+        time.sleep(3 + 2)  # nobody attached for longer than detached_timeout: a time, nothing to observe
+        proxy.cut_after = 1 << 20  # the next link drops once 1 MiB of the value came
+        with attach(job.id, logs=False) as fetcher:
+            assert fetcher.wait(120) == value_of(megabytes)
+        assert len(proxy.received) == 3 and proxy.received[1] == 1 << 20, proxy.received
+        assert proxy.received[2] > megabytes << 20, proxy.received  # attached again: the whole outcome
+    assert "has ended: its Spark Connect session was closed" in str(wait_until_gone(job.id))  # fetched: released
+
+
+def test_an_outcome_nobody_fetches_is_dropped_after_outcome_timeout_and_no_released_session_is_renewed(
+    connect_durable, monkeypatch, caplog
+):
+    """A run's submitter stays attached after the end and never fetches: its host keeps the outcome for its
+    outcome_timeout (whoever is attached), renewing only the sessions it still has, then releases the run's; a
+    later attach says why it found nothing."""
+    monkeypatch.setattr(submit_module, "SESSION_KEEPALIVE_S", 0.5)  # the host renews its sessions this often
+    with connect_session(connect_durable.url):
+        job = HorovodRunner(np=2, outcome_timeout=4).submit(allreduce_sum, base=1.0)
+        until(lambda: job.status().ended, what="the run's end")
+        exc = wait_until_gone(job.id)
+        job.close()
+    assert "outcome_timeout of 4s" in str(exc) and "nothing of it is left on the server" in str(exc), exc
+    assert "could not renew the Spark Connect session" not in caplog.text  # (relayed from the host's log)
+
+
+def test_a_host_that_cannot_start_or_was_lost_is_named_by_submit_and_nothing_of_it_is_left(connect_durable):
+    """Forced, through what the Airflow operator does as a run is submitted (its announce: the run's session is
+    there, its host not yet): the run's session says to listen on an address of no host here, so its host cannot
+    start; a second run's session says its host was lost (what a later attempt of the host's task writes, as if
+    the first attempt died before it published its link). submit() names each cause; nothing is left."""
+    from airflow_provider_hvd.runner.driver.launch.address import CONNECT_BIND_CONF
+
+    connection, ids = run_connection(connect_durable.url), []
+
+    def unlistenable(job_id: str) -> None:
+        ids.append(job_id)
+        run = open_session(connection, json.loads(job_id)["session_id"])
+        run.conf.set(CONNECT_BIND_CONF, "192.0.2.1")
+        run.client.close()
+
+    def lost(job_id: str) -> None:
+        ids.append(job_id)
+        session_id = json.loads(job_id)["session_id"]
+        catch(lambda: later_attempt("HorovodRunner", connection, session_id, LIVENESS, start_wait=0))
+
+    runner = HorovodRunner(np=2)
+    with connect_session(connect_durable.url):
+        with runner._announcing(unlistenable), pytest.raises(LaunchError) as caught:
+            runner.submit(allreduce_sum)
+        text = str(caught.value)
+        assert text.startswith("HorovodRunner: the run's host could not start over Spark Connect sc://"), text
+        assert "cannot listen for its clients on 192.0.2.1 (spark.horovodRunner.driverBindAddress=192.0.2.1)" in text
+        with runner._announcing(lost), pytest.raises(LaunchError) as caught:
+            runner.submit(allreduce_sum)
+        text = str(caught.value)
+        assert re.search(r"could not start over .*: the run's host was lost \(its task or executor failed\)", text)
+    for job_id in ids:
+        with pytest.raises(JobNotFoundError, match=r"has ended: its Spark Connect session was closed"):
+            attach(job_id)
+
+
+def test_a_notebooks_submit_shows_the_ranks_lines_and_the_next_attach_goes_on_after_them(
+    connect_durable, tmp_path, gate
+):
+    """A notebook with no logging set up submits, sleeps, reads the status and closes: the ranks' lines reach its
+    stderr while it is attached; the next attach().wait() resumes after the last line shown there, none lost."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    notebook = Client("notebook", connect_durable.url, pid_dir, gate)
+    attacher = None
+    try:
+        job_id = notebook.wait_for("JOB_ID ").split("JOB_ID ", 1)[1]
+        status = notebook.wait_for("STATUS ")
+        assert "phase='running', ranks_started=2, size=2" in status, status
+        notebook.wait_for("CLOSED")
+        notebook.stop()
+        shown = rank_steps(notebook.lines)
+        assert {"rank 0 step 0", "rank 1 step 0"} <= set(shown), notebook.lines
+        attacher = Client("attach", job_id)
+        attacher.wait_for("[rank 0] rank 0 step")
+        gate.touch()
+        attacher.wait_for("VALUE ")
+        # (a batch shown as the notebook closed may come again: it could not acknowledge it)
+        assert_no_line_lost(shown, rank_steps(attacher.lines))
+    finally:
+        notebook.stop()
+        if attacher is not None:
+            attacher.stop()
+
+
+def test_an_attach_to_a_run_whose_host_waits_for_a_slot_waits_for_it(connect_durable, tmp_path):
+    """The server's 3 slots are held by another session's job when a run is submitted: its host's one task
+    waits. An attach then (a retry of the submitting task, once the run's id is in the task state store) gives a
+    handle that waits for the host, not JobNotFoundError (the caller would submit a second run beside the first);
+    once the slots are free the run trains and both handles get rank 0's value."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_hvd.runner.driver.launch.spark.connect_client import running_operations
+
+    release, started = tmp_path / "release", tmp_path / "held"
+    started.mkdir()
+    connection = run_connection(connect_durable.url)
+    holder = ConnectSession.builder.remote(connect_durable.url).create()  # another session's job holds every slot
+    hold = holder.range(3, numPartitions=3).mapInArrow(hold_slots_until(str(release), str(started)), "id long")
+    held = threading.Thread(target=hold.collect, name="test-holder")
+    attached: list = []
+
+    def attach_while_queued(job_id: str) -> None:
+        try:
+            run = open_session(connection, json.loads(job_id)["session_id"])
+            # the run's operation is there, its host's task waiting for a slot (a conf read makes the session known)
+            until(lambda: run.conf.get(LINK_CONF, None) is None and running_operations(run), what="the operation")
+            run.client.close()
+            started_at = time.monotonic()
+            job = attach(job_id, logs=False)
+            attached.append(time.monotonic() - started_at)
+            attached.append(job.status())
+            attached.append(catch(lambda: job.wait(1)))
+            release.touch()
+            attached.append(job.wait(120))
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            attached.append(exc)
+            release.touch()
+
+    runner = HorovodRunner(np=2)
+    attacher = None
+    try:
+        held.start()
+        until(lambda: len(list(started.iterdir())) == 3, what="the holder's 3 tasks")
+        with connect_session(connect_durable.url):
+
+            def announce(job_id: str) -> None:  # (as the operator does: the run's id, before its host starts)
+                nonlocal attacher
+                attacher = threading.Thread(target=attach_while_queued, args=(job_id,), name="test-attacher")
+                attacher.start()
+
+            with runner._announcing(announce):
+                job = runner.submit(allreduce_sum, base=1.0)  # (returns once its host started)
+            value = job.wait(120)
+        assert attacher is not None
+        attacher.join(120)
+        assert len(attached) == 4, attached
+        took, status, waited, other_value = attached
+        assert took < 30 and status.phase == "starting", attached
+        assert len(waited) == 1 and isinstance(waited[0], TimeoutError), waited
+        assert "its host has not started yet" in str(waited[0])
+        assert value == other_value == {"rank": 0, "size": 2, "local_size": 2, "sum": 5.0}
+    finally:
+        release.touch()
+        held.join(60)
+        holder.stop()

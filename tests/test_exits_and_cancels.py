@@ -308,6 +308,71 @@ def test_cancel_during_the_launch_ends_the_run_before_main(tmp_path):
     assert not (tmp_path / "ran").exists(), "main ran"
 
 
+@pytest.mark.parametrize("launch", ["HorovodRunner local", "TorchDistributor local", "HorovodRunner on Spark"])
+def test_cancel_as_the_last_agent_says_hello_ends_the_run_before_main(request, tmp_path, monkeypatch, launch):
+    """Before: the watch read the cancel flag, then waited for the channel's next event; a cancel() in that wait
+    followed by the last agent's hello started the ranks all the same: main ran, and run() raised
+    RunCancelledError (seen under load with a 300 MB job). The cancel is forced into that window here: it comes
+    once every agent has said hello, as the driver goes to start the ranks."""
+    from airflow_provider_hvd import TorchDistributor
+    from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
+
+    if launch == "HorovodRunner on Spark":
+        request.getfixturevalue("spark_local")
+    runner = (
+        TorchDistributor(2, True, False)
+        if launch.startswith("Torch")
+        else HorovodRunner(np=-2 if "local" in launch else 2)
+    )
+    start_ranks = Supervisor._start_ranks
+
+    def cancel_then_start(supervisor: Supervisor) -> None:
+        runner.cancel()
+        start_ranks(supervisor)
+
+    monkeypatch.setattr(Supervisor, "_start_ranks", cancel_then_start)
+    marker = tmp_path / "ran"
+    with pytest.raises(RunCancelledError, match="the run was cancelled before its ranks started"):
+        runner.run(write_marker, marker=str(marker))
+    assert not marker.exists(), "main ran"
+
+
+_HELD_BEFORE_ITS_JOB = """
+import os, time
+
+_release = os.environ.get("HVD_TEST_RELEASE_RANKS")
+if _release and "HOROVOD_RANK" in os.environ:  # a rank process (its reaper runs without site): held at its start
+    while not os.path.exists(_release):
+        time.sleep(0.05)
+"""
+
+
+def test_cancel_as_the_ranks_start_ends_a_rank_still_waiting_for_its_job(tmp_path, monkeypatch):
+    """Before: an agent heard nothing from the driver while it handed the job to its rank (a large job, a rank
+    slow to read it: seen with 300 MB under load). The driver's cancel waited 5 s for that agent's answer with
+    the stacks, its Abort waited for the job to be in, and the rank ran main after the cancel. Here each rank
+    process is held before it reads its job (more than a pipe holds): run() ends, the ranks ended unread."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_HELD_BEFORE_ITS_JOB)
+    release, marker = tmp_path / "release", tmp_path / "ran"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("HVD_TEST_RELEASE_RANKS", str(release))
+    runner = HorovodRunner(np=-2)
+    handler, logger = CancelAtLaunch(runner, when="ranks started"), logging.getLogger("airflow_provider_hvd.runner")
+    logger.addHandler(handler)
+    try:
+        thread, outcome = _run_in_thread(lambda: runner.run(write_marker, marker=str(marker), blocker=b"x" * 2**20))
+        thread.join(30)
+        ended_in_time = not thread.is_alive()
+        release.touch()  # (before: the ranks read their job now, and the run ends)
+        thread.join(90)
+    finally:
+        logger.removeHandler(handler)
+    assert ended_in_time, "run() did not end within 30 s of the cancel"
+    assert isinstance(outcome.get("error"), RunCancelledError), outcome
+    assert not marker.exists(), "main ran"
+
+
 def test_cancel_during_the_ranks_exit_work_ends_them_and_raises(tmp_path):
     runner = HorovodRunner(np=-2)
     thread, outcome = _run_in_thread(lambda: runner.run(return_then_exit_slowly, marker_dir=str(tmp_path), seconds=600))

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import jobs
 import psutil
 import pytest
 from jobs import (
@@ -120,7 +121,8 @@ def test_failing_rank_raises_with_its_traceback_and_ends_the_others(pid_dir):
     err = info.value
     assert err.rank == 1
     assert "ValueError: boom from rank 1" in str(err)
-    assert "in fail_on_rank" in err.remote_traceback  # by-value code: cloudpickle names no file
+    assert f'File "{jobs.__file__}", line ' in err.remote_traceback  # by-value code, with its file
+    assert "in fail_on_rank\n    raise ValueError(" in err.remote_traceback  # ... and its lines
     assert err.remote_traceback.rstrip().endswith("ValueError: boom from rank 1")
     assert "rank 1 is about to fail" in err.output_tail
     assert err.other_failures == ["rank 0: ended by the driver (rank 1 failed)"]

@@ -98,13 +98,7 @@ def test_the_training_tab_draws_the_curves_live_in_a_browser(airflow, tmp_path):
         time.sleep(3)  # gently: the API server shares the 2 cores with the task
     browser = Browser()
     try:
-        browser.open(f"{airflow.url}/")
-        # the simple auth manager's form: its inputs have no names, the password's has its type
-        browser.wait_for("!!document.querySelector('input[type=password]')", what="the login form")
-        browser.type_into("input:not([type=password])", "admin")
-        browser.type_into("input[type=password]", PASSWORD)
-        browser.evaluate("document.querySelector('button[type=submit]').click()")
-        browser.wait_for("!location.pathname.startsWith('/auth')", what="logged in")
+        browser.log_in(airflow.url, "admin", PASSWORD)
         browser.open(f"{airflow.url}/dags/{DAG}/runs/{run_id}/tasks/train/plugin/training")
         frame = "document.querySelector('iframe[title=Training]')?.contentDocument"
         curves = f"{frame}?.querySelectorAll('svg path.curve')"

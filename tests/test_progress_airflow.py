@@ -11,7 +11,7 @@ from urllib.parse import quote
 import pytest
 from dag_runs import states, stored
 
-from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY, TaskStateProgress
+from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY, RESTARTS_KEY, TaskStateProgress
 from airflow_provider_hvd.runner.driver.tracking.progress import MetricsHistory
 
 LOCAL2 = json.dumps({"conn_type": "spark", "host": "local[2]"})
@@ -60,6 +60,39 @@ def test_the_metrics_key_keeps_under_a_lower_configured_limit(monkeypatch):
     sink.metrics(history.snapshot(sink.max_bytes, rank=0))
     assert len(store.values[METRICS_KEY]) <= 20000
     assert store.get(METRICS_KEY)["series"]["loss"][-1][0] == 4999
+
+
+def test_the_restarts_key_keeps_the_first_and_the_latest_attempts_within_its_bound(monkeypatch):
+    """A run that restarted 300 times, each cause long and each checkpoint's info large: hvd_restarts fits the
+    store, with the first attempt and the latest ones."""
+    monkeypatch.setenv("AIRFLOW__STATE_STORE__MAX_VALUE_STORAGE_BYTES", "20000")
+    store = DictStore()
+    sink = TaskStateProgress(store, try_number=2)
+    checkpoint = {"path": "/ckpt/epoch-3.pt", "epoch": 3, "notes": "n" * 5000, "rank": 0, "reported_at": "t"}
+    records = [
+        {
+            "attempt": n,
+            "size": 4,
+            "started_at": "s",
+            "ended_at": "e",
+            "cause_kind": "signal",
+            "cause": "c" * 3000,
+            "resumed_from": None if n == 1 else checkpoint,
+            "first_step": n,
+        }
+        for n in range(1, 301)
+    ]
+    sink.restarts(records[:2])
+    small = store.get(RESTARTS_KEY)
+    assert (small["try_number"], small["restarts"], small["left_out"]) == (2, 1, 0)
+    assert small["attempts"][0]["resumed_from"] is None and len(small["attempts"][0]["cause"]) == 500
+    assert small["attempts"][1]["resumed_from"] == {"path": "/ckpt/epoch-3.pt", "info_left_out": True}
+    sink.restarts(records)
+    bounded = store.get(RESTARTS_KEY)
+    assert len(store.values[RESTARTS_KEY]) <= 20000 and bounded["restarts"] == 299
+    kept = [attempt["attempt"] for attempt in bounded["attempts"]]
+    assert kept[0] == 1 and kept[1:] == list(range(301 - len(kept[1:]), 301)) and len(kept) > 2
+    assert bounded["left_out"] == 300 - len(kept)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +203,7 @@ def test_the_training_page_runs_no_markup_from_the_store(example_run, monkeypatc
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.utils.session import create_session
     from browser import Browser, chromium_path
-    from sqlalchemy import update
+    from sqlalchemy import delete, select, update
     from starlette.routing import Mount
 
     from airflow_provider_hvd.plugins.training_tab import TAB_HREF, TrainingTabPlugin
@@ -182,19 +215,50 @@ def test_the_training_page_runs_no_markup_from_the_store(example_run, monkeypatc
     metrics["series"] = {_injected("series name"): [[1, 0.5], [_injected("step"), _injected("value")], [3, 0.25]]}
     checkpoint = {"path": _injected("path"), "epoch": _injected("info"), "reported_at": _injected("reported_at")}
     checkpoint["try_number"] = _injected("checkpoint try_number")
+    restart_fields = ["started_at", "cause", "cause_kind", "restart path", "restarts", "left_out", "size"]
+    injected = {field: _injected(field) for field in restart_fields}
+    restarts = {
+        "try_number": metrics["try_number"],  # (the curves' try: the restart is drawn on them too)
+        "restarts": injected["restarts"],
+        "left_out": injected["left_out"],
+        "attempts": [
+            {"attempt": 1, "cause": injected["cause"], "cause_kind": injected["cause_kind"]},
+            {
+                "attempt": 2,
+                "started_at": injected["started_at"],
+                "size": injected["size"],
+                "resumed_from": {"path": injected["restart path"]},
+                "first_step": "not a step",
+            },
+        ],
+    }
     before = stored(example_run, "train")
+    where = (
+        TaskStateStoreModel.dag_id == example_run.dag_id,
+        TaskStateStoreModel.run_id == example_run.run_id,
+        TaskStateStoreModel.task_id == "train",
+    )
 
     def store(values: dict) -> None:
         with create_session() as session:
             for key, value in values.items():
+                if key not in before:  # (written by this test: a restart the example run had none of)
+                    row = session.execute(select(TaskStateStoreModel).where(*where)).scalars().first()
+                    session.add(
+                        TaskStateStoreModel(
+                            dag_run_id=row.dag_run_id,
+                            task_id="train",
+                            map_index=-1,
+                            key=key,
+                            dag_id=row.dag_id,
+                            run_id=row.run_id,
+                            value=json.dumps(value),
+                        )
+                    )
+                    continue
                 session.execute(
                     update(TaskStateStoreModel)
-                    .where(
-                        TaskStateStoreModel.dag_id == example_run.dag_id,
-                        TaskStateStoreModel.run_id == example_run.run_id,
-                        TaskStateStoreModel.task_id == "train",
-                        TaskStateStoreModel.key == key,
-                    )
+                    .where(*where, TaskStateStoreModel.key == key)
                     .values(value=json.dumps(value))
                 )
 
@@ -207,7 +271,7 @@ def test_the_training_page_runs_no_markup_from_the_store(example_run, monkeypatc
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    store({METRICS_KEY: metrics, CHECKPOINT_KEY: checkpoint})
+    store({METRICS_KEY: metrics, CHECKPOINT_KEY: checkpoint, RESTARTS_KEY: restarts})
     serving.start()
     browser = None
     try:
@@ -232,13 +296,17 @@ def test_the_training_page_runs_no_markup_from_the_store(example_run, monkeypatc
         browser.wait_for("document.readyState === 'complete'", what="the page and its images loaded")
         assert browser.evaluate("window.ran || []") == []
         text = browser.evaluate("document.body.innerText")
-        for field in [*fields, "path", "info", "reported_at", "checkpoint try_number"]:
+        for field in [*fields, "path", "info", "reported_at", "checkpoint try_number", *restart_fields]:
             assert _injected(field) in text, (field, text)  # shown as the text it is
         assert browser.evaluate("document.querySelectorAll('#panel script, #panel img').length") == 0
         assert browser.evaluate("document.querySelectorAll('path.curve').length") == 1  # the numbers are drawn
+        hover = browser.evaluate("document.querySelector('g.restart[data-attempt=\"2\"] title').textContent")
+        assert _injected("cause") in hover and _injected("restart path") in hover, hover
     finally:
         if browser is not None:
             browser.close()
         server.should_exit = True
         serving.join(30)
         store(before)
+        with create_session() as session:
+            session.execute(delete(TaskStateStoreModel).where(*where, TaskStateStoreModel.key == RESTARTS_KEY))

@@ -59,11 +59,32 @@ def trivial() -> int:
     return 1
 
 
-def resources() -> tuple[list[str], int, set[int]]:
-    """This process's threads, sockets and live child processes (the suite's Spark JVMs among them)."""
+def py4j_ports() -> set[int]:
+    """The ports of this process's Py4J gateway to a Spark JVM: PySpark opens and closes connections to it as
+    its own threads come and go (a connection the JVM reset is replaced), which no run of ours does."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return set()
+    ports = {gateway.gateway_parameters.port}
+    if (callback := gateway.get_callback_server()) is not None:
+        ports.add(callback.get_listening_port())
+    return ports
+
+
+def resources() -> tuple[list[str], list[str], set[int]]:
+    """This process's threads, sockets (but those to the suite's Spark JVM) and live child processes (the suite's
+    Spark JVMs among them)."""
     me = psutil.Process()
     children = {p.pid for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
-    return sorted(t.name for t in threading.enumerate()), len(me.net_connections("all")), children
+    py4j = py4j_ports()
+    sockets = sorted(
+        f"{c.type.name} {c.laddr} {c.raddr} {c.status}"
+        for c in me.net_connections("all")
+        if getattr(c.raddr, "port", None) not in py4j and getattr(c.laddr, "port", None) not in py4j
+    )
+    return sorted(t.name for t in threading.enumerate()), sockets, children
 
 
 def test_twenty_runs_leave_no_thread_socket_or_process():

@@ -203,8 +203,7 @@ def test_slots_held_by_the_applications_own_jobs_are_waited_for(busy_session, ho
     logger = logging.getLogger("airflow_provider_hvd.runner")
     logger.addHandler(release)
     try:
-        runner = HorovodRunner(np=2)
-        runner.start_timeout_s = 60  # (before, the run failed after it: no need to wait the whole 120 s)
+        runner = HorovodRunner(np=2, start_timeout=60)  # (before, the run failed after it: not the whole 120 s)
         result = runner.run(allreduce_sum)
     finally:
         logger.removeHandler(release)

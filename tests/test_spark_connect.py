@@ -13,7 +13,15 @@ import psutil
 import pytest
 import torch_jobs
 from connect_server import connect_session
-from jobs import allreduce_sum, assert_all_gone, cancel_once_running, fail_on_rank, sleep_and_record, train_linear
+from jobs import (
+    allreduce_sum,
+    assert_all_gone,
+    cancel_once_running,
+    fail_on_rank,
+    hold_slots_until,
+    sleep_and_record,
+    train_linear,
+)
 from test_torch_distributor import check_torchrun_contract
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError, TorchDistributor
@@ -148,6 +156,40 @@ def test_ranks_run_on_the_standalone_workers(connect_standalone, runner_log):
     said = messages(runner_log)
     assert re.search(r"over Spark Connect sc://127\.0\.0\.1:\d+ \(spark://127\.0\.0\.1:\d+\)", said)
     assert "TLS 1.3" not in said  # this application does not encrypt: neither does the channel
+
+
+def test_a_submitted_runs_lost_host_is_found_ended_by_the_next_attach(connect_standalone, tmp_path):
+    """The run's host (its Python worker, on a standalone worker) is killed while the run trains: Spark retries its
+    task, which finds the first attempt gone and marks the run lost. An attach right after the kill, while its
+    host's link refuses it and Spark still runs the task, finds the run ended and ends what is left of it (a retry
+    of an Airflow task then starts a new run), instead of saying that it needs a route to the executors."""
+    import json
+    import signal
+
+    from jobs import train_until_gate, wait_for_pids
+
+    from airflow_provider_hvd import HorovodRunnerError, JobNotFoundError, attach
+    from airflow_provider_hvd.runner.durable.host import connection_string, open_session
+    from airflow_provider_hvd.runner.durable.link import LINK_CONF, LinkAddress
+
+    gate = tmp_path / "gate"
+    with connect_session(connect_standalone) as spark:
+        job = HorovodRunner(np=1).submit(train_until_gate, pid_dir=str(tmp_path), gate=str(gate))
+        try:
+            pids = wait_for_pids(str(tmp_path), 1, timeout=180)
+            run = open_session(connection_string(spark)[0], json.loads(job.id)["session_id"])
+            host = LinkAddress.from_conf(str(run.conf.get(LINK_CONF)))
+            run.client.close()
+            os.kill(host.pid, signal.SIGKILL)
+            with pytest.raises(JobNotFoundError, match=r"has ended: the run's host was lost \(its task or executor"):
+                attach(job.id)
+            assert_all_gone(pids, within=30)
+            with pytest.raises(HorovodRunnerError, match=r"has ended: its Spark Connect session was closed"):
+                job.wait(60)  # (its link was lost with the host: it attached again)
+            with pytest.raises(JobNotFoundError, match=r"has ended: its Spark Connect session was closed"):
+                attach(job.id)  # nothing of the run is left
+        finally:
+            gate.touch()
 
 
 def test_the_spark_ui_link_of_a_server_on_a_standalone_master_is_its_application_page(
@@ -377,6 +419,54 @@ def test_an_agent_that_read_the_plan_and_joined_first_fails_the_run_before_its_r
     assert barrier_job_runs(connect_spark)
 
 
+def test_a_tasks_own_agent_that_finds_its_place_taken_after_every_rank_returned_fails_the_run(tmp_path):
+    """Before: on a loaded host the job's own agent of task 0 came after the ranks of the intruder that had its
+    place, and of task 1, had returned (the run above: DID NOT RAISE); the run had ended, and the intruder's
+    result was unpickled. The order is forced here: that agent says hello once the run is ending."""
+    import threading
+
+    from airflow_provider_hvd.runner.agent.agent import run_agent
+    from airflow_provider_hvd.runner.driver.launch.local import LocalLauncher
+    from airflow_provider_hvd.runner.driver.watch.supervisor import Supervisor
+    from airflow_provider_hvd.runner.shared.messages import Hello
+    from airflow_provider_hvd.runner.shared.payload import dumps_job
+
+    marker = tmp_path / "unpickled-on-the-driver"
+    evil = dumps_job(plant, (), {"path": str(marker)})
+
+    class TaskZeroComesLate(LocalLauncher):
+        """Agents as a barrier job's tasks say hello: an intruder in task 0's place, task 1's own agent, and
+        task 0's own agent once the run is ending."""
+
+        supervisor: Supervisor
+
+        def start(self, args, payload):
+            def agent(job: bytes, partition: int, executor: str, late: bool = False) -> None:
+                deadline = time.monotonic() + 60
+                while late and self.supervisor.status()[0] != "ending" and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                hello = Hello(host="", pid=os.getpid(), executor=executor, partition=partition, attempt=0, cpus=1)
+                try:
+                    run_agent(args, lambda: job, hello)
+                except OSError:
+                    pass  # (before: the driver had gone)
+
+            agents = [(evil, 0, "203.0.113.9:40000"), (payload, 1, "127.0.0.1:40001"), (payload, 0, "127.0.0.1:40000")]
+            self._threads = [
+                threading.Thread(target=agent, args=(*what, i == 2), name=f"agent-{i}") for i, what in enumerate(agents)
+            ]
+            for thread in self._threads:
+                thread.start()
+
+    launcher = TaskZeroComesLate(2, use_gpus=False)
+    launcher.supervisor = Supervisor(launcher, dumps_job(returns_ok, (), {}), "all", lambda: False, 60)
+    with pytest.raises(Exception, match="Someone outside this run knows its secret") as caught:
+        launcher.supervisor.run()
+    assert "two agents said they run Spark task 0 (attempt 0), from" in str(caught.value), caught.value
+    assert not marker.exists()
+    assert launcher.ended()
+
+
 def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_once(
     connect_spark, runner_log, monkeypatch
 ):
@@ -402,21 +492,6 @@ def test_a_plaintext_connect_channel_to_a_driver_beyond_loopback_is_warned_of_on
         and "reaches the driver at 0.0.0.0" in warning
     )
     assert "use_ssl=true or a token" in warning and "docs/security.md" in warning
-
-
-def hold_slots_until(path: str):
-    """A task that holds its slot until ``path`` exists (at most 5 minutes)."""
-
-    def task(batches):
-        import os
-        import time
-
-        deadline = time.monotonic() + 300
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        yield from batches
-
-    return task
 
 
 def test_a_busy_cluster_is_waited_for_up_to_slot_wait_timeout_over_connect(connect_standalone, runner_log, tmp_path):

@@ -29,6 +29,15 @@ def test_the_timings_relate_as_their_reasons_say():
     assert timing.FINAL_WRITE_S <= 10
     # a submitted run's host waits for the submitting client's MLflow credentials longer than it takes to attach
     assert timing.CREDENTIALS_WAIT_S > timing.CONNECT_TIMEOUT_S + timing.HANDSHAKE_TIMEOUT_S
+    # a submitted run's outcome outlives the lease (a deferred task resumes after the run's end, maybe hours later)
+    assert timing.DEFAULT_OUTCOME_TIMEOUT_S >= 3600 > timing.DEFAULT_DETACHED_TIMEOUT_S
+    # attach() waits for Spark's word on a host that refuses it longer than a later attempt probes the first one
+    # (its heartbeat timeout), with as long again for that attempt's start
+    assert timing.HOST_UNREACHABLE_WAIT_S >= 2 * timing.HEARTBEAT_TIMEOUT_S
+    # a DataFrame's rows: the tasks' reports come more often than the driver logs them
+    assert timing.FEED_REPORT_S < timing.FEED_LOG_S < timing.DEFAULT_START_TIMEOUT_S
+    # over Spark Connect, the server's first progress report comes within its default interval (2 s)
+    assert timing.CONNECT_FIRST_PROGRESS_S > 2
 
 
 def test_each_timing_is_defined_in_the_timing_module_alone_and_used():

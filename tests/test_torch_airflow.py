@@ -64,6 +64,23 @@ def test_a_stalled_task_fails_saying_where_its_processes_were(dags, caplog, caps
     assert "was in wait_for_data (" in task_log and "torch_test_dags.py, line " in task_log, task_log[-5000:]
 
 
+def test_a_failing_process_s_traceback_in_the_task_log_shows_the_dag_file_s_lines(dags, caplog, capsys):
+    """The DAG file's functions travel by value; their frames name the file and show its lines (tests/
+    test_user_tracebacks.py has the other places code comes from)."""
+    run = dags["torch_fails_in_the_dag_file"].test()
+    assert states(run) == {"train_on_too_little": "failed"}
+    task_log = capsys.readouterr().out + caplog.text
+    dag_file = os.path.join(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], "torch_test_dags.py")
+    lines = Path(dag_file).read_text().splitlines()
+    for func, source in (
+        ("train_on_too_little", "check_the_data(3)"),
+        ("check_the_data", 'raise ValueError(f"only {rows} rows: not enough to train on")'),
+    ):
+        line = next(n for n, text in enumerate(lines, 1) if text.strip() == source)
+        frame = f'File "{dag_file}", line {line}, in {func}\n    {source}\n'
+        assert frame in task_log, task_log[-5000:]
+
+
 def test_the_decorator_relays_every_line_by_default(dags):
     """@task.torch_distributed takes the operator's defaults: every printed line reaches the task log."""
     assert dags["torch_on_kill"].get_task("train_forever").driver_log_verbosity == "all"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch_jobs
+from pysparks import pysparks_result
 from rank_lines import lines_by_rank
 
 from airflow_provider_hvd import RankFailedError, RunStalledError, TorchDistributor
+from airflow_provider_hvd.runner.agent.rank_env import keras_defaults
 from airflow_provider_hvd.runner.driver.verdict.consequences import GLOO_PEER_GONE, is_consequence_error
 from airflow_provider_hvd.runner.shared.messages import RemoteError
 
@@ -41,6 +45,41 @@ def check_torchrun_contract(views: list[dict], nodes: int = 1) -> None:
     assert {view["env"]["ROLE_NAME"] for view in views} == {"default"}
     assert all(view["torchelastic"] for view in views)  # torch.distributed.is_torchelastic_launched()
     assert len({view["pid"] for view in views}) == size
+
+
+# The environments of PySpark's processes and of ours, key by key: what differs is in docs/torch-distributor.md's
+# "Different" table. Not compared: values that are the run's or the process's own (its store's port, run id, error
+# file, Spark's worker secret), and this runner's own HVD_RUNNER_* variables.
+OWN_VALUES = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "PYTHON_WORKER_FACTORY_SECRET"}
+ONLY_OURS = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", *keras_defaults()}
+ENV_DIFFERENCES = {  # by local_mode
+    False: {
+        "only PySpark's": {"PYSPARK_TORCH_DISTRIBUTOR_RDZV_ID", "SPARK_SIMPLIFIED_TRACEBACK"},
+        "only ours": ONLY_OURS,
+        "other values": {"MASTER_ADDR", "PYTHONUNBUFFERED"},
+    },
+    True: {"only PySpark's": set(), "only ours": {*ONLY_OURS, "NODE_RANK"}, "other values": {"MASTER_ADDR"}},
+}
+
+
+def env_differences(ours: dict[str, str], pysparks: dict[str, str]) -> dict[str, set[str]]:
+    return {
+        "only PySpark's": set(pysparks) - set(ours),
+        "only ours": {name for name in set(ours) - set(pysparks) if not name.startswith("HVD_RUNNER_")},
+        "other values": {name for name in (set(ours) & set(pysparks)) - OWN_VALUES if ours[name] != pysparks[name]},
+    }
+
+
+@contextlib.contextmanager
+def torch_jobs_by_value():
+    """PySpark's processes do not have the tests' modules: torch_jobs goes by value with its functions."""
+    from pyspark import cloudpickle as pyspark_cloudpickle
+
+    pyspark_cloudpickle.register_pickle_by_value(torch_jobs)
+    try:
+        yield
+    finally:
+        pyspark_cloudpickle.unregister_pickle_by_value(torch_jobs)
 
 
 def test_ddp_on_processes_of_this_host():
@@ -74,23 +113,41 @@ def test_a_stalled_torch_run_says_where_each_rank_was():
     assert "all_reduce" in caught.value.stacks[0], caught.value.stacks[0]
 
 
-def test_ddp_on_spark_gives_pysparks_weights(spark_local):
+def test_ddp_on_spark_gives_pysparks_weights(spark_local, capfd):
     """The same seeded DDP function on local[2]: this class and PySpark's own TorchDistributor end with the same
-    weights, bit for bit."""
-    from pyspark import cloudpickle as pyspark_cloudpickle
+    weights, bit for bit; each process's environment differs from PySpark's in the documented keys only."""
     from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
 
     ours = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
     check_torchrun_contract(ours["views"], nodes=2)  # one process per task, each task a node
-    pyspark_cloudpickle.register_pickle_by_value(torch_jobs)  # its ranks do not have the tests' modules
-    try:
-        theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(torch_jobs.train_ddp, 20)
-    finally:
-        pyspark_cloudpickle.unregister_pickle_by_value(torch_jobs)
+    with torch_jobs_by_value():
+        pysparks = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        theirs = pysparks_result(lambda: pysparks.run(torch_jobs.train_ddp, 20), capfd)
     assert len(ours["weights"]) == len(theirs["weights"]) == 4
     for mine, pysparks in zip(ours["weights"], theirs["weights"], strict=True):
         assert torch.equal(mine, pysparks)
     assert ours["loss"] == theirs["loss"]
+    for mine, pysparks in zip(ours["views"], theirs["views"], strict=True):  # each process's environment
+        assert env_differences(mine["env"], pysparks["env"]) == ENV_DIFFERENCES[False]
+        assert mine["env"]["NODE_RANK"] == pysparks["env"]["NODE_RANK"] == mine["env"]["GROUP_RANK"]
+
+
+def test_local_processes_get_pysparks_environment(spark_local):
+    """local_mode=True: PySpark's processes (torchrun on the driver's host) and ours, key by key."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
+
+    ours = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_jobs.environment)
+    with torch_jobs_by_value():
+        theirs = PySparkTorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(torch_jobs.environment)
+    for mine, pysparks in zip(ours, theirs, strict=True):
+        assert env_differences(mine, pysparks) == ENV_DIFFERENCES[True]
+        assert mine["TORCHELASTIC_ERROR_FILE"].endswith("/error.json") and mine["NODE_RANK"] == "0"
+
+
+def test_every_difference_in_the_environment_is_documented():
+    table = (ROOT / "docs" / "torch-distributor.md").read_text().split("## Different", 1)[1]
+    named = {name for differences in ENV_DIFFERENCES.values() for names in differences.values() for name in names}
+    assert not {name for name in named if not re.search(f"`{name}[`=]", table)}
 
 
 def test_every_line_a_process_prints_reaches_the_driver_by_default(spark_local, caplog):

@@ -134,8 +134,8 @@ def test_a_stalled_run(caplog):
 
 
 def test_processes_that_never_start(caplog):
-    runner = TorchDistributor(2, False, False)
-    runner.start_timeout_s = 0  # the driver takes one agent's hello at a time: never both before the deadline
+    # the driver takes one agent's hello at a time: never both before the deadline
+    runner = TorchDistributor(2, False, False, start_timeout=0.001)
     text = failure(runner, torch_jobs.print_a_line, error=LaunchError)
     no_horovod(caplog, text)
     assert re.match(r"only [01] of 2 ranks had started after 0s \(a Spark barrier job of 2 tasks on local\[2\]\)", text)

@@ -4,24 +4,6 @@ from __future__ import annotations
 
 import os
 
-TORCHRUN_VARS = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE",
-)
-
 
 def train_ddp(steps: int = 20) -> dict:
     """A seeded DDP fit on gloo (init_process_group with no arguments); rank 0's final weights and every rank's view."""
@@ -44,7 +26,7 @@ def train_ddp(steps: int = 20) -> dict:
         optimizer.step()
     views: list = [None] * dist.get_world_size()
     own = {
-        "env": {name: os.environ.get(name) for name in TORCHRUN_VARS},
+        "env": dict(os.environ),
         "torchelastic": dist.is_torchelastic_launched(),
         "host": os.uname().nodename,
         "pid": os.getpid(),
@@ -54,6 +36,17 @@ def train_ddp(steps: int = 20) -> dict:
     weights = [p.detach().clone() for p in model.module.parameters()]
     dist.destroy_process_group()
     return {"weights": weights, "views": views, "loss": loss.item()}
+
+
+def environment() -> list[dict]:
+    """Every process's environment, gathered over gloo (whichever process's value a runner returns, it holds all)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    envs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(envs, dict(os.environ))
+    dist.destroy_process_group()
+    return envs
 
 
 def train_fsdp2(steps: int = 5) -> dict:

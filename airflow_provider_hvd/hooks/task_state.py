@@ -11,16 +11,26 @@ its tries, so a retry finds there what the try before it left: the last checkpoi
   At most about 9 KB (the info is at most 8 KB). Once a try succeeds, it is marked ``"finished": true`` (also
   when that try reported no checkpoint of its own): a later try (the task cleared and run again) starts afresh
   instead of resuming from it.
+- ``hvd_restarts``: a try's run that restarted (``max_restarts``): the record of each of its attempts (number,
+  ranks, start and end, the kind and first line of its cause, the checkpoint it resumed from, the first step the
+  metrics rank reported in it), written as each attempt starts and ends, with the try. Bounded like the metrics:
+  a long cause or checkpoint info is cut, and where the attempts do not fit, the first and the latest are kept
+  (``left_out`` counts those between).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 METRICS_KEY = "hvd_metrics"
 CHECKPOINT_KEY = "hvd_checkpoint"
+RESTARTS_KEY = "hvd_restarts"
+RESTARTS_FORMAT = 1
+_CAUSE_CHARS = 500  # an attempt's cause, at most, in hvd_restarts
+_CHECKPOINT_BYTES = 1000  # the checkpoint an attempt resumed from, at most as JSON: else its path alone
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,10 @@ class TaskStateProgress:
 
     def checkpoint(self, record: dict[str, Any]) -> None:
         self._store.set(CHECKPOINT_KEY, {**record, "try_number": self.try_number})
+
+    def restarts(self, records: list[dict[str, Any]]) -> None:
+        """The run restarted: the record of each attempt so far (:func:`restarts_value`)."""
+        self._store.set(RESTARTS_KEY, restarts_value(records, self.try_number, self.max_bytes))
 
     def last_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint an earlier try left, or None (a value that is not one is ignored, with a warning)."""
@@ -88,3 +102,31 @@ def snapshot_budget() -> int:
 
     limit = conf.getint("state_store", "max_value_storage_bytes", fallback=65535)
     return SNAPSHOT_MAX_BYTES if limit <= 0 else max(1000, min(SNAPSHOT_MAX_BYTES, limit - 500))
+
+
+def _bounded_attempt(record: Mapping[str, Any]) -> dict[str, Any]:
+    """An attempt's record with its cause and the checkpoint it resumed from bounded."""
+    cause, point = record.get("cause"), record.get("resumed_from")
+    if isinstance(point, Mapping) and len(json.dumps(point, default=str)) > _CHECKPOINT_BYTES:
+        point = {"path": str(point.get("path"))[: _CHECKPOINT_BYTES // 2], "info_left_out": True}
+    return {**record, "cause": None if cause is None else str(cause)[:_CAUSE_CHARS], "resumed_from": point}
+
+
+def restarts_value(records: list[dict[str, Any]], try_number: int | None, max_bytes: int) -> dict[str, Any]:
+    """What ``hvd_restarts`` holds: ``{"format", "try_number", "restarts", "attempts", "left_out"}``, at most
+    ``max_bytes`` as JSON; where the attempts do not fit, those after the first go, oldest first."""
+    attempts = [_bounded_attempt(record) for record in records]
+    value: dict[str, Any] = {
+        "format": RESTARTS_FORMAT,
+        "try_number": try_number,
+        "restarts": max(0, len(records) - 1),
+        "attempts": [],
+        "left_out": len(records),
+    }
+    sizes = [len(json.dumps(attempt, default=str)) + 2 for attempt in attempts]  # (", " between two)
+    total, keep_from = len(json.dumps(value, default=str)) + sum(sizes), 1
+    while total > max_bytes and keep_from < len(attempts) - 1:
+        total -= sizes[keep_from]
+        keep_from += 1
+    value["attempts"], value["left_out"] = attempts[:1] + attempts[keep_from:], keep_from - 1
+    return value

@@ -14,21 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_hvd.runner.rank.control import control_pipe, log_to_driver
-from airflow_provider_hvd.runner.rank.progress import log_metrics, report_checkpoint
+from airflow_provider_hvd.runner.rank.progress import log_metrics, numeric, report_checkpoint
 
 
 def _is_rank0() -> bool:
     return os.environ.get("HOROVOD_RANK", "0") == "0"
-
-
-def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
-    numbers = {}
-    for name, value in (logs or {}).items():
-        try:
-            numbers[name] = float(value)
-        except (TypeError, ValueError):  # an array of several values, a string: not a curve
-            continue
-    return numbers
 
 
 def _format_value(value: Any) -> str:
@@ -144,7 +134,7 @@ class LogCallback(_Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._send(f"epoch {self._of_epochs()} end: {_format_logs(logs)}".rstrip(": "))
-        metrics = _numbers(logs)
+        metrics = numeric(logs)
         # as data only inside a run: outside one, log_metrics would print the line just printed again
         if metrics and (self.all_ranks or _is_rank0()) and control_pipe() is not None:
             log_metrics(epoch + 1, **metrics)

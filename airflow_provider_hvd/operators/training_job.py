@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator, BaseOperatorLink, ResumableJobMixin
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferralTimeout
 
 from airflow_provider_hvd.hooks.horovod import HorovodHook, JobRunner
 from airflow_provider_hvd.hooks.mlflow_runs import TryMlflowRun, mask_credentials
@@ -31,7 +32,14 @@ from airflow_provider_hvd.operators.openlineage import (
     inject_setting,
     openlineage_properties,
 )
-from airflow_provider_hvd.runner import HorovodRunnerError, Job, JobNotFoundError, RunCancelledError, RunDetachedError
+from airflow_provider_hvd.runner import (
+    HorovodRunnerError,
+    HostSlotError,
+    Job,
+    JobNotFoundError,
+    RunCancelledError,
+    RunDetachedError,
+)
 from airflow_provider_hvd.runner.settings import RunSettings, takes_run_settings, task_setting_names
 
 if TYPE_CHECKING:
@@ -42,6 +50,11 @@ if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 _SHIPPABLE = (str, int, float, bool, type(None))
+# the task instance's states that a user's action gives a running task: marked failed, success or skipped, cleared
+# (restarting), removed from its DAG. Its SIGTERM then ends the run; any other (Airflow's own: a worker's graceful
+# shutdown leaves it running, missed heartbeats up_for_retry) leaves the run to the retry. A heartbeat timeout on
+# the last try also gives "failed": nothing would attach to the run then.
+_ENDED_BY_USER = frozenset({"failed", "success", "skipped", "restarting", "removed"})
 
 
 class SparkUILink(BaseOperatorLink):
@@ -139,15 +152,15 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         self.spark_ui_url: str | None = None
         self.mlflow_run: TryMlflowRun | None = None
         self._hook: HorovodHook | None = None
-        self._runner: JobRunner | None = None
+        self._new_runner: Callable[[], JobRunner] | None = None  # (from the store's last checkpoint at the call)
         self._killed = False
         # a run that outlives the task (submit()): its handle, and what its end left
         self._job: Job | None = None
-        self._leaving = False  # on_kill() on a worker that shuts down: detach, the retry attaches
+        self._job_kwargs: dict[str, Any] = {}
+        self._leaving: str | None = None  # why on_kill() detached (Airflow stopped the try): the retry attaches
+        self._run_cancelled = False  # this try cancelled its run (its timeout): on_kill() has nothing left to do
         self._ti: Any = None
         self._progress: TaskStateProgress | None = None
-        self._job_call: Callable[[], Job] | None = None
-        self._value: Any = None
         self._checkpoint: dict[str, Any] | None = None
 
     def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
@@ -247,29 +260,38 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
             raise RunCancelledError(f"the task was killed before its {self.kind} job started")
         local = self.runs_locally()
         self._check_dataframe_runs_on_spark(local)  # (np or num_processes may have been a template)
-        kwargs = {**self._context_kwargs(context), **self.op_kwargs}
+        self._job_kwargs = kwargs = {**self._context_kwargs(context), **self.op_kwargs}
         if not local:
             self._hook.add_openlineage_conf(self._openlineage_conf(context))
         progress = self._task_state_progress(context)
+        self._ti, self._progress = context.get("ti"), progress
         self.mlflow_run = self._mlflow_run(context)
         settings = {name: getattr(self, name) for name in task_setting_names()}
         # the task's mlflow= (a dict) becomes its try's MLflow run's settings
         settings["mlflow"] = self.mlflow_run.settings() if self.mlflow_run else None
-        self._runner = runner = self.make_runner(
+        self._new_runner = lambda: self.make_runner(
             **settings,
             resume_from=progress.last_checkpoint() if progress else None,
             progress_sink=progress,
         )
-        self._ti, self._progress = context.get("ti"), progress
-        recipe = self._dataframe_recipe  # (a submitted run's host builds the DataFrame from it)
-        self._job_call = lambda: self.submit(runner, self.op_args, kwargs, recipe)
         outlives = self._outlives_task(local)
-        if outlives and self.deferrable:
-            self._defer_on_trigger(context)
         try:
-            if outlives:
-                value = self.execute_resumable(context)
-            else:
+            if outlives and self.deferrable:
+                value = self._submit_and_defer(context)  # (or the value of an earlier try's run that succeeded)
+            elif outlives:
+                try:
+                    value = self.execute_resumable(context)
+                except HostSlotError as exc:  # the ranks fit the server, its host's slot beside them does not
+                    outlives = False
+                    self.log.warning(
+                        "Task %r runs in the task's process, not durably: %s. A run that outlives the task needs one "
+                        "more task slot on the server; durable=False runs it in the task's process without this "
+                        "warning.",
+                        self.task_id,
+                        exc.reason,
+                    )
+            if not outlives:
+                runner = self._new_runner()
                 value = self._hook.run_job(runner, lambda: self._start(runner, kwargs), local=local)
                 self._checkpoint = runner.checkpoint
         finally:
@@ -277,7 +299,7 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         return self._succeeded(value, progress)
 
     def _succeeded(self, value: Any, progress: TaskStateProgress | None) -> Any:
-        if self._killed and not self._leaving:  # Airflow lets execute go on after on_kill(): not a success
+        if self._killed and self._leaving is None:  # Airflow lets execute go on after on_kill(): not a success
             raise RunCancelledError(f"the task was killed; every {self.kind} rank was ended")
         if progress is not None:  # the training succeeded, whatever becomes of its value
             progress.mark_finished(self._checkpoint)
@@ -294,51 +316,72 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         assert self._hook is not None
         if not (self.durable or self.deferrable):
             return False
-        connect = not local and self._hook.connect_target() is not None
-        why_not = None
         if local:
             why_not = "its ranks run on the worker's processes, without Spark"
-        elif not connect:
+        elif self._hook.connect_target() is None:
             why_not = (
                 f"connection {self.conn_id!r} is a classic Spark one, whose run has its driver in the task's process "
                 "(client mode)"
             )
-        if why_not is None:
+        else:
             return True
         if self.deferrable:
             raise AirflowException(
                 f"Task {self.task_id!r}: deferrable=True needs a run that outlives the task, and {why_not}: use a "
                 "spark_connect connection, or deferrable=False."
             )
-        if connect:  # durable by default on Spark Connect: say why this one is not
-            self.log.warning("Task %r runs in the task's process, not durably: %s", self.task_id, why_not)
         return False
 
     def submit_job(self, context: Context) -> str:
-        assert self._hook is not None and self._runner is not None and self._job_call is not None
+        """Submit a new run (HostSlotError where its ranks fit the server and its host's slot does not)."""
+        assert self._hook is not None and self._new_runner is not None
         store = context.get("task_state_store")
         announce = (lambda job_id: store.set(self.external_id_key, job_id)) if store is not None else None
-        self._job = self._hook.submit_job(self._runner, self._job_call, announce)
+        runner = self._new_runner()  # (resumes from the last checkpoint, also one an earlier try's run reported)
+        recipe = self._dataframe_recipe  # (the run's host builds the DataFrame from it)
+        self._job = self._hook.submit_job(
+            runner, lambda: self.submit(runner, self.op_args, self._job_kwargs, recipe), announce
+        )
         self.log.info("Submitted the run: %s (a retry of this task attaches to it)", self._job.id)
         return self._job.id
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
-        """``"running"`` when the run of an earlier try is attached to (its host still holds it), else
-        ``"ended"``: a new run starts, from the last checkpoint where there is one."""
+        """The run an earlier try submitted: ``"running"`` (attached to it), ``"succeeded"`` (its value is this
+        try's), or ``"ended"``: it failed or was cancelled, or nothing of it is left on the server; a new run
+        starts, from the last checkpoint where there is one. No second run while the first is on the server: a
+        run this try cannot attach to fails the try (the next retry tries again)."""
         assert self._hook is not None
         try:
-            self._job = self._hook.attach_job(str(external_id), self._progress, on_mlflow_run=self._on_mlflow_run())
+            job = self._hook.attach_job(str(external_id), self._progress, on_mlflow_run=self._on_mlflow_run())
         except JobNotFoundError as exc:
             self.log.warning("The run an earlier try submitted cannot be attached to: %s A new run starts.", exc)
             return "ended"
-        self.log.info("Attached to the run an earlier try submitted: %s", external_id)
-        return "running"
+        except HorovodRunnerError as exc:
+            raise AirflowException(
+                f"Task {self.task_id!r}: the run an earlier try submitted is still on the server, and this try cannot "
+                f"attach to it: {exc} No second run starts beside it; the next try attaches again."
+            ) from None
+        self._job = job
+        status = job.status()  # (the host's own, as attach() returns)
+        if not status.ended:
+            self.log.info("Attached to the run an earlier try submitted: %s", external_id)
+            return "running"
+        if status.cause is None:
+            self.log.info("The run an earlier try submitted has succeeded: its value is this try's (%s)", external_id)
+            return "succeeded"
+        try:  # its error, so that its host lets it go; the progress it made is in the store now
+            job.wait()
+        except HorovodRunnerError:
+            pass
+        self._job = None
+        self.log.warning("The run an earlier try submitted ended: %s. A new run starts.", status.cause)
+        return "ended"
 
     def is_job_active(self, status: str) -> bool:
         return status == "running"
 
     def is_job_succeeded(self, status: str) -> bool:
-        return False  # an ended run's outcome went to the client that fetched it: never skip the run
+        return status == "succeeded"
 
     def poll_until_complete(self, external_id: Any, context: Context) -> Any:
         """Rank 0's value once the run ends (the ranks' lines in the task log meanwhile); the run's error."""
@@ -347,72 +390,157 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
         if self._killed:  # on_kill() came while the run was submitted or attached
             self._kill_or_leave(job)
         try:
-            self._value = job.wait()
+            return job.wait()
         except RunDetachedError:
             raise AirflowException(
-                f"The worker is shutting down while task {self.task_id!r} runs: the task detached from its run, "
-                f"which goes on; the task's retry attaches to it ({job.id})."
+                f"Task {self.task_id!r} was stopped ({self._leaving}): it detached from its run, which goes on; the "
+                f"task's retry attaches to it ({job.id})."
             ) from None
         except HorovodRunnerError:
             raise
         except BaseException:  # the task's timeout, an interrupt: nothing goes on training unseen
+            self._run_cancelled = True
             job.cancel()
             raise
         finally:
             self._checkpoint = job.checkpoint
-        return self._value
 
     def get_job_result(self, external_id: Any, context: Context) -> Any:
-        return self._value
+        return self.poll_until_complete(external_id, context)  # (the job keeps its value: at once after a poll)
 
     def _kill_or_leave(self, job: Job) -> None:
-        """A user's mark-failed or clear ends the run; a worker's graceful shutdown leaves it to the retry. Both
-        arrive as SIGTERM: the task instance's state tells them apart (still ``running`` for a shutdown)."""
-        if self._still_running():
-            self._leaving = True
-            self.log.warning("The worker is shutting down: detaching from the run, which goes on for the retry")
-            job.close()
-        else:
-            job.cancel()
-
-    def _still_running(self) -> bool:
-        ti = self._ti
+        """A user's mark-failed, mark-success or clear ends the run; Airflow's own end of the try (a worker's
+        graceful shutdown, missed heartbeats) leaves it to the retry. All arrive as SIGTERM: the task instance's
+        state, as the API server has it, tells them apart; without an answer, nothing says a user ended it."""
         try:
-            states = ti.get_task_states(
-                dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
-            )
-        except Exception:  # noqa: BLE001 - no answer: end the run rather than leave it training
-            return False
+            state = self._task_instance_state()
+        except Exception as exc:  # noqa: BLE001 - whatever the API answered, it is no user's action
+            self._leave(job, f"the task instance's state could not be read ({exc})")
+            return
+        if state is None or state in _ENDED_BY_USER:
+            self.log.warning("The task instance is %s: ending the run", state or "gone (its DAG run was deleted)")
+            job.cancel()
+        elif state == "running":
+            self._leave(job, "the worker is shutting down")
+        else:
+            self._leave(job, f"Airflow ended this try: the task instance is {state}, as after missed heartbeats")
+
+    def _leave(self, job: Job, why: str) -> None:
+        self._leaving = why
+        self.log.warning("%s: detaching from the run, which goes on for the retry", why[0].upper() + why[1:])
+        job.close()
+
+    def _task_instance_state(self) -> str | None:
+        """The task instance's state as the API server has it (None: it has none, its DAG run was deleted)."""
+        ti = self._ti
+        states = ti.get_task_states(
+            dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+        )
         mapped = ti.map_index is not None and ti.map_index >= 0  # (the API keys a mapped one task_id_index)
         key = f"{ti.task_id}_{ti.map_index}" if mapped else ti.task_id
-        return bool(states.get(ti.run_id, {}).get(key) == "running")
+        state = states.get(ti.run_id, {}).get(key)
+        return None if state is None else str(getattr(state, "value", state))  # (a str, or an enum of them)
 
-    def _defer_on_trigger(self, context: Context) -> None:
-        """Submit (or find the earlier try's run) and defer: the trigger holds the link while the run trains."""
+    def _submit_and_defer(self, context: Context) -> Any:
+        """Submit (or find the earlier try's run) and defer: the trigger holds the link while the run trains. An
+        earlier try's run that already succeeded gives its value at once. The deferral times out with what is left
+        of ``execution_timeout``, which ends the run."""
         from airflow_provider_hvd.triggers.training_job import TrainingJobTrigger
 
         store = context.get("task_state_store")
         job_id = store.get(self.external_id_key) if store is not None else None
-        if not job_id or self.get_job_status(job_id, context) != "running":
-            job_id = self.submit_job(context)
+        status = self.get_job_status(job_id, context) if job_id else "ended"
+        if status == "succeeded":
+            return self.get_job_result(job_id, context)
+        if status != "running":
+            try:
+                job_id = self.submit_job(context)
+            except HostSlotError as exc:
+                raise AirflowException(
+                    f"Task {self.task_id!r}: deferrable=True needs a run that outlives the task, and {exc.reason}: "
+                    "give the server one more task slot, or deferrable=False."
+                ) from None
         assert self._job is not None
         self._job.close()  # detached: the trigger attaches
+        left = self._timeout_left(context)
+        deadline = None if left is None else (datetime.now(UTC) + left).timestamp()
         self.defer(
-            trigger=TrainingJobTrigger(str(job_id), self.conn_id),
+            trigger=TrainingJobTrigger(str(job_id), self.conn_id, deadline),
             method_name="execute_complete",
+            timeout=left,
         )
+
+    def _timeout_left(self, context: Context) -> timedelta | None:
+        """What is left of ``execution_timeout`` (None without one): the deferral's timeout (Airflow's own applies
+        to a task while it runs on a worker, not while it is deferred)."""
+        if self.execution_timeout is None:
+            return None
+        started = getattr(context.get("ti"), "start_date", None)
+        used = datetime.now(UTC) - started if started is not None else timedelta(0)
+        return max(self.execution_timeout - used, timedelta(seconds=1))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Back on a worker once the run ended: its outcome (rank 0's value, or its error) from its host."""
-        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
-        self._ti, self._progress = context.get("ti"), self._task_state_progress(context)
-        self.mlflow_run = self._mlflow_run(context)
+        self._resumed(context)
         job_id = event["job_id"]
+        assert self._hook is not None
         try:
             self._job = self._hook.attach_job(job_id, self._progress, logs=False, on_mlflow_run=self._on_mlflow_run())
         except JobNotFoundError as exc:
-            raise AirflowException(f"Task {self.task_id!r}: the run ended, but its outcome is gone: {exc}") from None
+            raise self._outcome_gone(event, exc) from None
         return self._succeeded(self.poll_until_complete(job_id, context), self._progress)
+
+    def _resumed(self, context: Context) -> None:
+        """What a task resumed on a worker needs: its hook, task instance, progress sink and MLflow run."""
+        self._hook = HorovodHook(self.conn_id, self.spark_conf, app_name=f"{self.dag_id}.{self.task_id}")
+        self._ti, self._progress = context.get("ti"), self._task_state_progress(context)
+        self.mlflow_run = self._mlflow_run(context)
+
+    def _outcome_gone(self, event: dict[str, Any], exc: JobNotFoundError) -> AirflowException:
+        """The run ended (the trigger's ``event`` says how), and its host no longer holds its outcome: a run that
+        succeeded is never trained again (no retry); a failed one is retried as any failed run is."""
+        outcome = event.get("outcome")
+        kept = (
+            "a run's host keeps a finished run's outcome until a task fetches it, for outcome_timeout at most (6 hours "
+            "by default), and this task resumed later than that"
+        )
+        if outcome == "succeeded":
+            return AirflowFailException(
+                f"Task {self.task_id!r}: its run succeeded, but rank 0's value is no longer on the run's host: {kept} "
+                f"({exc}). The task fails without a retry, which would train again: give the deferred task's resume "
+                "a worker sooner (its pool's slots), or raise outcome_timeout."
+            )
+        if outcome == "failed":
+            return AirflowException(
+                f"Task {self.task_id!r}: its run failed: {event.get('cause')}. Its full error is no longer on the "
+                f"run's host: {kept} ({exc})."
+            )
+        return AirflowException(f"Task {self.task_id!r}: the run ended, and nothing of it is left: {exc}")
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except TaskDeferralTimeout:
+            self._cancel_timed_out_run(context)
+            raise
+
+    def _cancel_timed_out_run(self, context: Context) -> None:
+        """The deferral timed out (``execution_timeout``): the trigger ended the run as the triggerer dropped it,
+        and where it could not (no triggerer ran it then), the resumed task does."""
+        store = context.get("task_state_store")
+        job_id = store.get(self.external_id_key) if store is not None else None
+        if not job_id:
+            return
+        try:
+            job = HorovodHook(self.conn_id).attach_job(str(job_id), logs=False)
+        except HorovodRunnerError:  # ended already (the trigger cancelled it), or out of reach
+            return
+        try:
+            if not job.status().ended:
+                self.log.warning("The task's execution_timeout has passed: ending the run")
+                job.cancel()
+        finally:
+            job.close()
 
     def _start(self, runner: JobRunner, kwargs: dict[str, Any]) -> Any:
         """:meth:`start`, with the DataFrame built in the session the hook runs the job on."""
@@ -477,7 +605,8 @@ class TrainingJobOperator(ResumableJobMixin, BaseOperator):
     def on_kill(self) -> None:
         self._killed = True
         if self._job is not None:
-            self._kill_or_leave(self._job)
+            if not self._run_cancelled:
+                self._kill_or_leave(self._job)
             return
         hook = self._hook
         if hook is not None:  # (None: execute has not made it yet, and sees the flag once it has)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 
 WIDTH, HEIGHT = 560, 220
@@ -38,8 +39,21 @@ def _points(points: object) -> list[tuple[float, float | None]]:
     return [(_number(step) or 0.0, _number(value)) for step, value in pairs]
 
 
-def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = _COLORS[0]) -> str:
-    """One metric's curve: ``points`` are ``[step, value]`` (value None: a gap). An SVG element, as text."""
+@dataclass(frozen=True)
+class Restart:
+    """Where a run's attempt resumed on the curves: its number, the step (None: not known yet, drawn at the curve's
+    end) and what a hover says."""
+
+    attempt: int
+    step: float | None
+    label: str
+
+
+def chart_svg(
+    name: str, points: Sequence[Sequence[float | None]], color: str = _COLORS[0], restarts: Sequence[Restart] = ()
+) -> str:
+    """One metric's curve: ``points`` are ``[step, value]`` (value None: a gap), with a dashed line at the step
+    where each restarted attempt resumed (its label on hover). An SVG element, as text."""
     pairs = _points(points)
     finite = [(step, value) for step, value in pairs if value is not None]
     name = str(name)
@@ -77,6 +91,15 @@ def chart_svg(name: str, points: Sequence[Sequence[float | None]], color: str = 
         f'<text x="{WIDTH - _RIGHT}" y="{HEIGHT - _BOTTOM + 16}" class="xtick end">{_fmt(x1)}</text>'
         f'<text x="{WIDTH - _RIGHT}" y="18" class="last">last: {_fmt(last_value)} at step {_fmt(last_step)}</text>'
     )
+    for restart in restarts:
+        resumed = _number(restart.step)
+        at = x(min(max(resumed, x0), x1)) if resumed is not None else x(last_step)
+        line = f'x1="{at:.1f}" x2="{at:.1f}" y1="{_TOP}" y2="{HEIGHT - _BOTTOM}"'
+        body += (
+            f'<g class="restart" data-attempt="{restart.attempt}"><title>{escape(restart.label)}</title>'
+            f'<line {line} class="marker"/><line {line} class="hit"/>'
+            f'<text x="{at + 3:.1f}" y="{_TOP + 12}">{restart.attempt}</text></g>'
+        )
     return _svg(name, title + frame + body)
 
 
@@ -87,8 +110,8 @@ def _svg(name: str, content: str) -> str:
     )
 
 
-def charts_html(series: dict[str, Sequence[Sequence[float | None]]]) -> str:
-    """Every metric's chart, in the order the rank first reported them."""
+def charts_html(series: dict[str, Sequence[Sequence[float | None]]], restarts: Sequence[Restart] = ()) -> str:
+    """Every metric's chart, in the order the rank first reported them, each with the run's restarts."""
     return "".join(
-        chart_svg(name, points, _COLORS[i % len(_COLORS)]) for i, (name, points) in enumerate(series.items())
+        chart_svg(name, points, _COLORS[i % len(_COLORS)], restarts) for i, (name, points) in enumerate(series.items())
     )

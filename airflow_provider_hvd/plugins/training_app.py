@@ -1,9 +1,10 @@
 """The Training tab's app, mounted by Airflow's API server: a task instance's metric curves, last checkpoint and
 MLflow run.
 
-It reads the task state store (``hvd_metrics``, ``hvd_checkpoint``: :mod:`airflow_provider_hvd.hooks.task_state`;
-``hvd_mlflow``: :mod:`airflow_provider_hvd.hooks.mlflow_runs`)
-and draws the curves on the server, as SVG (:mod:`.charts`); while the task is not finished, a small script it
+It reads the task state store (``hvd_metrics``, ``hvd_checkpoint``, ``hvd_restarts``:
+:mod:`airflow_provider_hvd.hooks.task_state`; ``hvd_mlflow``: :mod:`airflow_provider_hvd.hooks.mlflow_runs`)
+and draws the curves on the server, as SVG (:mod:`.charts`), with a dashed line where each restarted attempt of
+the run resumed and the list of its restarts; while the task is not finished, a small script it
 serves itself reloads them every few seconds. Every page checks access as the API server's own task-instance
 views do (``requires_access_dag(GET, TASK_INSTANCE)``): the UI's ``_token`` cookie reaches this same-origin
 iframe, an API client sends its bearer token.
@@ -27,19 +28,21 @@ from fastapi.responses import HTMLResponse, Response
 from sqlalchemy import select
 
 from airflow_provider_hvd.hooks.mlflow_runs import MLFLOW_KEY
-from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY
-from airflow_provider_hvd.plugins.charts import charts_html
+from airflow_provider_hvd.hooks.task_state import CHECKPOINT_KEY, METRICS_KEY, RESTARTS_KEY
+from airflow_provider_hvd.plugins.charts import Restart, charts_html
 from airflow_provider_hvd.runner.mlflow_settings import without_user
 from airflow_provider_hvd.runner.settings import describe_checkpoint
 
 FINISHED = {"success", "failed", "skipped", "upstream_failed", "removed"}
 REFRESH_S = 3
+_KEYS = [METRICS_KEY, CHECKPOINT_KEY, RESTARTS_KEY, MLFLOW_KEY]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 12px; color: #1a202c; }
 .meta { color: #4a5568; font-size: 13px; margin-bottom: 8px; }
-.checkpoint, .mlflow { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: 4px; padding: 6px 10px;
-  margin: 8px 0; font-size: 14px; word-break: break-all; }
+.checkpoint, .mlflow, .restarts { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: 4px;
+  padding: 6px 10px; margin: 8px 0; font-size: 14px; word-break: break-all; }
+.restarts ul { margin: 4px 0 0; padding-left: 20px; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 svg.chart { background: #fff; border: 1px solid #e2e8f0; border-radius: 4px; }
 svg .frame { fill: none; stroke: #cbd5e0; }
@@ -47,8 +50,10 @@ svg .curve { fill: none; stroke-width: 2; }
 svg text { font-size: 11px; fill: #4a5568; }
 svg .title { font-size: 13px; font-weight: 600; fill: #1a202c; }
 svg .ytick { text-anchor: end; } svg .end, svg .last { text-anchor: end; } svg .empty { text-anchor: middle; }
+svg .restart .marker { stroke: #dd6b20; stroke-width: 1.5; stroke-dasharray: 4 3; }
+svg .restart .hit { stroke: transparent; stroke-width: 10; } svg .restart text { fill: #dd6b20; }
 @media (prefers-color-scheme: dark) { body { background: #1a202c; color: #e2e8f0; }
-  .checkpoint, .mlflow { background: #2d3748; border-color: #4a5568; } a { color: #90cdf4; } }
+  .checkpoint, .mlflow, .restarts { background: #2d3748; border-color: #4a5568; } a { color: #90cdf4; } }
 """
 
 # Reloads the panel while the task instance is not finished (its panel says so with data-live="true").
@@ -94,7 +99,7 @@ def _entries(session: Any, dag_id: str, run_id: str, task_id: str, map_index: in
     rows = session.execute(
         select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
             *_of_task(TaskStateStoreModel, dag_id, run_id, task_id, map_index),
-            TaskStateStoreModel.key.in_([METRICS_KEY, CHECKPOINT_KEY, MLFLOW_KEY]),
+            TaskStateStoreModel.key.in_(_KEYS),
         )
     ).all()
     return {row.key: json.loads(row.value) for row in rows}
@@ -106,7 +111,7 @@ def _deferred_progress(session: Any, dag_id: str, run_id: str, task_id: str, map
     rows = session.execute(
         select(XComModel.key, XComModel.value).where(
             *_of_task(XComModel, dag_id, run_id, task_id, map_index),
-            XComModel.key.in_([METRICS_KEY, CHECKPOINT_KEY, MLFLOW_KEY]),
+            XComModel.key.in_(_KEYS),
         )
     ).all()
     return {row.key: XComModel.deserialize_value(row) for row in rows}
@@ -130,6 +135,39 @@ def _mlflow_link(run: object) -> str:
         else name
     )
     return f'<div class="mlflow" id="mlflow">MLflow run of try {_text(run.get("try_number"))}: {shown}</div>'
+
+
+def _restart_words(attempt: dict[str, Any], before: dict[str, Any] | None) -> str:
+    """How an attempt of the run started: after what, when, with how many ranks, from which checkpoint."""
+    point = attempt.get("resumed_from")
+    start = f"resumed from {describe_checkpoint(point)}" if isinstance(point, dict) else "started afresh"
+    after = f"after {before.get('cause')} [{before.get('cause_kind')}]" if before else "after an attempt not kept"
+    size = attempt.get("size")
+    ranks = f"{size} ranks, " if size is not None else ""
+    return f"attempt {attempt.get('attempt')} at {attempt.get('started_at')} {after}: {ranks}{start}"
+
+
+def _restarts(value: object, metrics_try: object) -> tuple[str, list[Restart]]:
+    """The run's restarts (``hvd_restarts``) as a list, and the lines on the curves where they resumed (only
+    where the curves are of the same try)."""
+    if not isinstance(value, dict) or not isinstance(value.get("attempts"), list):
+        return "", []
+    attempts = [attempt for attempt in value["attempts"] if isinstance(attempt, dict)]
+    by_number = {attempt.get("attempt"): attempt for attempt in attempts}
+    items, markers = [], []
+    for attempt in attempts[1:]:
+        number = attempt.get("attempt")
+        before = by_number.get(number - 1) if isinstance(number, int) else None
+        words = _restart_words(attempt, before)
+        items.append(f'<li data-attempt="{_text(number)}">{_text(words)}</li>')
+        if isinstance(number, int) and value.get("try_number") == metrics_try:
+            step = attempt.get("first_step")
+            markers.append(Restart(number, step if isinstance(step, int | float) else None, words))
+    left_out = value.get("left_out")
+    if left_out:
+        items.insert(0, f"<li>({_text(left_out)} earlier restarts not kept)</li>")
+    heading = f"The run of try {_text(value.get('try_number'))} restarted {_text(value.get('restarts'))} time(s):"
+    return f'<div class="restarts" id="restarts">{heading}<ul>{"".join(items)}</ul></div>', markers
 
 
 def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
@@ -166,8 +204,12 @@ def _panel(session: Any, dag_id: str, run_id: str, task_id: str, map_index: int)
             f'<div class="checkpoint" id="checkpoint">Last checkpoint: {_text(describe_checkpoint(checkpoint))}'
             f" at {_text(checkpoint.get('reported_at'))}</div>"
         )
+    restarts, markers = _restarts(
+        entries.get(RESTARTS_KEY), metrics.get("try_number") if isinstance(metrics, dict) else None
+    )
+    parts.append(restarts)
     if isinstance(metrics, dict) and isinstance(metrics.get("series"), dict) and metrics["series"]:
-        parts.append(f'<div class="charts">{charts_html(metrics["series"])}</div>')
+        parts.append(f'<div class="charts">{charts_html(metrics["series"], markers)}</div>')
     else:
         parts.append(
             "<p>No training metrics recorded for this task instance yet: ranks report them with "

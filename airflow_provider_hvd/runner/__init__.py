@@ -8,7 +8,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    CauseKind,
     HorovodRunnerError,
+    HostSlotError,
     JobNotFoundError,
     LaunchError,
     RankFailedError,
@@ -43,9 +45,11 @@ _LAZY = {
 }
 
 __all__ = [
+    "CauseKind",
     "DataFrameShard",
     "HorovodRunner",
     "HorovodRunnerError",
+    "HostSlotError",
     "Job",
     "JobNotFoundError",
     "JobStatus",

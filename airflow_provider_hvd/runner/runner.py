@@ -14,14 +14,16 @@ from .driver.launch.local import LocalLauncher
 from .driver.launch.spark.barrier import SparkLauncher
 from .driver.launch.spark.cluster import active_session, session_conf
 from .driver.launch.spark.encryption import spark_encrypts, warn_if_spark_encrypted
+from .driver.restarts.controller import KeptJob, RunController
+from .driver.restarts.policy import RestartPolicy
 from .driver.tracking.mlflow_run import MlflowRun, resolved_tracking_uri, start_mlflow_run
 from .driver.tracking.progress import RunProgress
-from .driver.verdict.stacks import CodeFiles
 from .driver.watch.channel import rank_logs_visible
 from .errors import LaunchError, RunCancelledError
 from .mlflow_settings import MlflowSettings, auth_env, import_mlflow
 from .settings import RunOptions, RunSettings, describe_checkpoint, takes_run_settings
 from .shared.liveness import Liveness, liveness_settings, warn_if_gloo_first
+from .shared.messages import unpickle
 from .shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .shared.payload import WARN_BYTES, dumps_job
 
@@ -78,7 +80,6 @@ class _Runner:
 
     naming: RunnerNaming
 
-    start_timeout_s: float = 120.0
     #: a pickled job (``main`` and its arguments) larger than this logs a warning naming its largest parts
     payload_warning_bytes: int = WARN_BYTES
     #: the rank whose ``log_metrics`` reports the driver keeps
@@ -130,14 +131,20 @@ class _Runner:
         self.mlflow_run_url: str | None = None
         self.metrics: dict[str, list[tuple[float, float | None]]] = {}
         self.checkpoint: dict[str, Any] | None = None
+        self.attempts: list[dict[str, Any]] = []
         self._runs: list[_Run] = []
 
-    def _launcher(self, run: _Run) -> tuple[Launcher, Callable[[str], str | None], bool]:
-        """The run's launcher, its Spark conf's getter, and whether the channel is TLS."""
+    def _launcher(
+        self, run: _Run, previous: Launcher | None = None
+    ) -> tuple[Launcher, Callable[[str], str | None], bool]:
+        """The run's launcher (a new one for each attempt: ``previous``, the last attempt's), its Spark conf's
+        getter, and whether the channel is TLS."""
         local = self._local_launcher()
         if local is not None:
             return local, lambda key: None, False  # loopback only: no TLS
         spark, per_task, use_gpus = self._spark_launch()
+        # a run on a DataFrame: its rows counted once, for the first attempt; the same shards for the next ones
+        plan = previous.shard_plan if isinstance(previous, SparkLauncher) else None
         launcher = SparkLauncher(
             spark,
             self._size(),
@@ -146,8 +153,10 @@ class _Runner:
             per_task=per_task,
             use_gpus=use_gpus,
             naming=self.naming,
-            dataframe=run.dataframe,
+            dataframe=run.dataframe if plan is None else None,
         )
+        if plan is not None:
+            launcher.shard_plan = plan
         return launcher, *_conf_and_tls(spark)
 
     def _local_launcher(self) -> Launcher | None:
@@ -169,7 +178,8 @@ class _Runner:
         dataframe: DataFrame | None = None,
     ) -> Any:
         """Run ``main(*args, **kwargs)`` on every rank (already checked to fit them); rank 0's value. With
-        ``dataframe``, each rank gets its shard of its rows (``dataframe_shard()``)."""
+        ``dataframe``, each rank gets its shard of its rows (``dataframe_shard()``). With ``max_restarts``, its
+        attempts until one succeeds (:mod:`.driver.restarts`)."""
         self.mlflow_run_id = self.mlflow_run_url = None
         with self._tracked_run(dataframe) as run:
             runner = self.naming.runner
@@ -181,37 +191,50 @@ class _Runner:
             progress = RunProgress(
                 self.metrics_rank, settings.progress_sink, self.progress_interval_s, settings.resume_from, runner
             )
+            # the launcher gets the job; on Spark the driver keeps no copy beside the broadcast's, unless a later
+            # attempt needs it
+            job = KeptJob(payload, keep=settings.max_restarts > 0)
+            del payload
             with contextlib.ExitStack() as ending:
                 tracking = self._start_mlflow_run(launcher.size, conf)
                 if tracking is not None:  # ended as the run ends, also by what raises before the ranks start
                     ending.enter_context(tracking)
-                supervisor = _supervisor_class()(
-                    launcher,
-                    payload,
-                    self.settings.driver_log_verbosity,
-                    lambda: run.cancelled,
-                    self.start_timeout_s,
-                    progress,
-                    liveness,
-                    stall_timeout=self.settings.stall_timeout,
-                    code_files=CodeFiles(main, args, kwargs),
-                    channel_tls=channel_tls,
-                    kind=kind,
-                    exit_timeout_s=self.settings.exit_timeout,
-                    tracking=tracking,
-                )
-                del payload  # the launcher gets it; on Spark the driver keeps no copy beside the broadcast's
-                if self.settings.resume_from is not None:
-                    log.info("%s: resuming from %s", runner, describe_checkpoint(self.settings.resume_from))
+
+                def attempt(number: int) -> Supervisor:
+                    nonlocal launcher, kind
+                    if number > 1:  # the last attempt's launcher and rendezvous are over: new ones
+                        launcher, kind = self._launcher(run, launcher)[0], self._rank_kind()
+                    return _supervisor_class()(
+                        launcher,
+                        job.take(),
+                        settings.driver_log_verbosity,
+                        lambda: run.cancelled,
+                        settings.start_timeout,
+                        progress,
+                        liveness,
+                        stall_timeout=settings.stall_timeout,
+                        channel_tls=channel_tls,
+                        kind=kind,
+                        exit_timeout_s=settings.exit_timeout,
+                        tracking=tracking,
+                        attempt=number,
+                    )
+
+                policy = RestartPolicy(settings.max_restarts, settings.restart_on_exceptions)
+                listeners = [tracking] if tracking is not None else []  # (one MLflow run records the restarts)
+                controller = RunController(attempt, progress, policy, lambda: run.cancelled, runner, listeners)
+                if settings.resume_from is not None:
+                    log.info("%s: resuming from %s", runner, describe_checkpoint(settings.resume_from))
                 with rank_logs_visible():
                     try:
-                        return supervisor.run()
+                        return unpickle(controller.run_raw())
                     finally:
                         progress.flush()
                         self.metrics = progress.history.as_dict()
                         self.checkpoint = (
                             None if progress.checkpoint is None else {"try_number": None, **progress.checkpoint}
                         )
+                        self.attempts = controller.attempts()
 
     @contextlib.contextmanager
     def _tracked_run(self, dataframe: DataFrame | None = None) -> Iterator[_Run]:
@@ -284,7 +307,7 @@ class _Runner:
                 per_task,
                 use_gpus,
                 settings.driver_log_verbosity,
-                self.start_timeout_s,
+                settings.start_timeout,
                 settings.slot_wait_timeout,
                 settings.stall_timeout,
                 settings.exit_timeout,
@@ -294,10 +317,12 @@ class _Runner:
                 self.progress_interval_s,
                 settings.resume_from,
                 settings.detached_timeout,
-                CodeFiles(main, args, kwargs),
                 mlflow,
                 mlflow_params,
                 dataframe=dataframe,
+                outcome_timeout=settings.outcome_timeout,
+                max_restarts=settings.max_restarts,
+                restart_on_exceptions=settings.restart_on_exceptions,
             )
             return submit_run(
                 spark,  # type: ignore[arg-type]
@@ -375,8 +400,9 @@ class HorovodRunner(_Runner):
 
     After :meth:`run` (also one that raised), ``metrics`` holds the history of rank ``metrics_rank``'s
     ``log_metrics`` reports, ``{"loss": [(step, value), ...]}`` (at most 1,000 points per metric, evenly
-    thinned), and ``checkpoint`` the last ``report_checkpoint``: ``{"path", **info, "rank",
-    "reported_at", "try_number"}``, or None.
+    thinned), ``checkpoint`` the last ``report_checkpoint``: ``{"path", **info, "rank",
+    "reported_at", "try_number"}``, or None, and ``attempts`` the record of each attempt (one without
+    ``max_restarts``): ``{"attempt", "size", "started_at", "ended_at", "cause_kind", "cause", "resumed_from"}``.
     """
 
     naming = HOROVOD_RUNNER

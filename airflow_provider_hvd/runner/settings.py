@@ -13,13 +13,18 @@ import dataclasses
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypedDict, TypeVar
 
 from .mlflow_settings import MlflowSettings, mlflow_option, mlflow_settings
 from .rank.progress import RESERVED_INFO
-from .shared.timing import DEFAULT_DETACHED_TIMEOUT_S, DEFAULT_EXIT_TIMEOUT_S
+from .shared.timing import (
+    DEFAULT_DETACHED_TIMEOUT_S,
+    DEFAULT_EXIT_TIMEOUT_S,
+    DEFAULT_OUTCOME_TIMEOUT_S,
+    DEFAULT_START_TIMEOUT_S,
+)
 
 VERBOSITIES = ("all", "log_callback_only")
 DEFAULT_SLOT_WAIT_S = 600.0
@@ -31,7 +36,11 @@ SNAPSHOT_MAX_BYTES = 60_000  # a metrics snapshot as JSON: under the task state 
 class ProgressSink(Protocol):
     """Where a run's progress goes while it runs (the Airflow layer writes it to the task state store).
 
-    A sink may have a ``max_bytes`` attribute: the most a metrics snapshot may take as JSON (default 60,000).
+    A sink may have a ``max_bytes`` attribute: the most a metrics snapshot may take as JSON (default 60,000); a
+    ``try_number`` (the Airflow try whose run it records: a restarted run's checkpoints are that try's); and a
+    ``restarts(records)`` method, given the record of each attempt once a run has restarted (``max_restarts``:
+    ``HorovodRunner.attempts``' dicts, each with ``first_step``: the first step the metrics rank reported in that
+    attempt, None before it reported one), as each attempt starts and ends.
     """
 
     def metrics(self, snapshot: dict[str, Any]) -> None:
@@ -90,6 +99,12 @@ def _positive_seconds(value: object, name: str, what: str) -> float:
     return float(seconds)
 
 
+def check_start_timeout(start_timeout: object) -> float:
+    """``start_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
+    what = "how long the ranks may take to start, not counting the time Spark spends on a DataFrame's rows"
+    return _positive_seconds(start_timeout, "start_timeout", what)
+
+
 def check_exit_timeout(exit_timeout: object) -> float:
     """``exit_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
     what = "how long the ranks' exit work (atexit handlers, trackers' flushes) may take once every rank returned"
@@ -100,6 +115,52 @@ def check_detached_timeout(detached_timeout: object) -> float:
     """``detached_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
     what = "how long a submitted run goes on with nobody attached before it ends itself"
     return _positive_seconds(detached_timeout, "detached_timeout", what)
+
+
+def check_outcome_timeout(outcome_timeout: object) -> float:
+    """``outcome_timeout`` in seconds; ``ValueError`` for anything but a positive number of seconds or timedelta."""
+    what = "how long a submitted run's host keeps its outcome, once it ended, for a client to fetch it"
+    return _positive_seconds(outcome_timeout, "outcome_timeout", what)
+
+
+def check_max_restarts(max_restarts: object) -> int:
+    """``max_restarts`` as an int; ``ValueError`` for anything but a whole number >= 0."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(
+            f"max_restarts must be a whole number >= 0 (how many times a run may start again from its last "
+            f"checkpoint after a failure that is not its code's own; 0: never), not {max_restarts!r}"
+        )
+    return max_restarts
+
+
+def exception_names(names: object) -> tuple[str, ...]:
+    """``restart_on_exceptions`` as a tuple of names (an exception class is named ``module.QualName``);
+    ``TypeError`` for anything but exception classes or their names."""
+
+    def is_class(value: object) -> bool:
+        return isinstance(value, type) and issubclass(value, BaseException)
+
+    def refused(value: object) -> TypeError:
+        return TypeError(
+            "restart_on_exceptions takes exception types or their names, e.g. restart_on_exceptions="
+            f"['DistBackendError', 'torch.OutOfMemoryError']; not {value!r}"
+        )
+
+    if names is None:
+        return ()
+    if isinstance(names, str) or is_class(names):
+        names = [names]  # one name, or one class
+    if not isinstance(names, Iterable):
+        raise refused(names)
+    found = []
+    for name in names:
+        if is_class(name):
+            found.append(f"{name.__module__}.{name.__qualname__}")
+        elif isinstance(name, str) and name.strip() and all(part.isidentifier() for part in name.strip().split(".")):
+            found.append(name.strip())
+        else:
+            raise refused(name)
+    return tuple(found)
 
 
 def resume_value(resume_from: object) -> dict[str, Any] | None:
@@ -139,12 +200,16 @@ class RunOptions(TypedDict, total=False):
 
     driver_log_verbosity: str
     slot_wait_timeout: float
+    start_timeout: float | timedelta
     stall_timeout: float | timedelta | None
     exit_timeout: float | timedelta
     resume_from: Mapping[str, Any] | str | None
     progress_sink: ProgressSink | None
     mlflow: bool | Mapping[str, Any] | MlflowSettings | None
     detached_timeout: float | timedelta
+    outcome_timeout: float | timedelta
+    max_restarts: int
+    restart_on_exceptions: Sequence[str | type[BaseException]] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +225,13 @@ class RunSettings:
         on a busy cluster before raising :class:`LaunchError` (a job that can never fit is refused at once). Over
         Spark Connect the free slots are counted by the server's Spark UI (its REST API); where that UI is off,
         the client cannot count them, and the barrier stage's wait in Spark's scheduler is bounded by the ranks'
-        start timeout (120 s).
+        start timeout (``start_timeout``).
+    :param start_timeout: seconds (or a timedelta, default 120) for the ranks to start: every rank's Spark task
+        has its task slot and its agent has reached this driver (``LaunchError`` after it, saying how many had).
+        For a run on a DataFrame, the time Spark spends on its rows is not counted: counting them, computing them
+        for the barrier job and streaming them into the ranks' shards take what they take (the log says how far
+        they got every 10 s), and the ranks' clock runs only while none of that is going on
+        (docs/dataframes.md).
     :param stall_timeout: seconds (or a timedelta); when no rank has written output or reported progress
         (``log_to_driver``, metrics) for that long, the driver's log gets every rank's Python stacks, every rank
         is ended and the run raises :class:`RunStalledError` saying where each one was. ``None`` (default): off.
@@ -186,16 +257,34 @@ class RunSettings:
     :param detached_timeout: for a submitted run (``submit()``, over Spark Connect): seconds (or a timedelta,
         default 900) that it goes on with nobody attached; then it ends itself: every rank ended, its Spark jobs
         interrupted, its Connect sessions released (docs/durable-runs.md). ``run()`` stays attached throughout.
+    :param outcome_timeout: for a submitted run: seconds (or a timedelta, default 6 hours) that its host keeps
+        the run's outcome (rank 0's value, or its error) once it ended, whoever is attached, until a client fetches
+        it (``job.wait()``); then the host releases its task slot and sessions, and ``attach()`` raises
+        :class:`JobNotFoundError`. A deferred Airflow task may wait that long for a worker slot.
+    :param max_restarts: how many times ``run()`` starts the ranks again after a failure that a new attempt can
+        get past (default 0: never, as sparkdl and PySpark): a rank's process killed by a signal or the OOM
+        killer, a lost agent, executor or host, a stall, ranks that never started. Every rank is ended, then
+        started again within the same ``run()``, and ``last_checkpoint()`` in them is the latest checkpoint any
+        attempt reported (else ``resume_from``); ``run()`` returns rank 0's value of the attempt that succeeded.
+        An exception raised in ``main`` ends the run at once (the code's own), unless ``restart_on_exceptions``
+        names it. See docs/restarts.md.
+    :param restart_on_exceptions: exception types (or their names: ``"DistBackendError"``,
+        ``"torch.OutOfMemoryError"``) on which ``max_restarts`` restarts the run too, when ``main`` raises one
+        of them or a subclass (e.g. transient NCCL or CUDA errors). Default: none.
     """
 
     driver_log_verbosity: str = _setting("log_callback_only", check_verbosity)
     slot_wait_timeout: float = _setting(DEFAULT_SLOT_WAIT_S, check_slot_wait_timeout)
+    start_timeout: float = _setting(DEFAULT_START_TIMEOUT_S, check_start_timeout)
     stall_timeout: float | None = _setting(None, check_stall_timeout)
     exit_timeout: float = _setting(DEFAULT_EXIT_TIMEOUT_S, check_exit_timeout)
     resume_from: dict[str, Any] | None = _setting(None, resume_value, task=False)
     progress_sink: ProgressSink | None = _setting(None, _as_sink, task=False)
     mlflow: MlflowSettings | None = _setting(None, mlflow_settings, task_check=mlflow_option)
     detached_timeout: float = _setting(DEFAULT_DETACHED_TIMEOUT_S, check_detached_timeout)
+    outcome_timeout: float = _setting(DEFAULT_OUTCOME_TIMEOUT_S, check_outcome_timeout)
+    max_restarts: int = _setting(0, check_max_restarts)
+    restart_on_exceptions: tuple[str, ...] = _setting((), exception_names)
 
     @classmethod
     def from_kwargs(cls, given: Mapping[str, Any], owner: str, /, **defaults: Any) -> RunSettings:
@@ -225,9 +314,12 @@ class RunSettings:
         return {
             "driver_log_verbosity": self.driver_log_verbosity,
             "slot_wait_timeout": self.slot_wait_timeout,
+            "start_timeout": self.start_timeout,
             "stall_timeout": self.stall_timeout,
             "exit_timeout": self.exit_timeout,
             "resume_from": None if self.resume_from is None else self.resume_from.get("path"),
+            "max_restarts": self.max_restarts,
+            "restart_on_exceptions": ",".join(self.restart_on_exceptions) or None,
         }
 
 

@@ -80,7 +80,8 @@ class TorchDistributor(_Runner):
     PySpark's attributes: ``num_processes`` (after the cut to the driver's GPUs), ``local_mode``, ``use_gpu``,
     ``num_tasks`` (the Spark tasks: ``num_processes / k`` with GPUs on Spark, else ``num_processes``),
     ``input_params`` (a dict of those four) and ``ssl_conf``. After :meth:`run` (also one that raised),
-    ``metrics``, ``checkpoint``, ``mlflow_run_id`` and ``mlflow_run_url`` are as :class:`HorovodRunner`'s.
+    ``metrics``, ``checkpoint``, ``attempts``, ``mlflow_run_id`` and ``mlflow_run_url`` are as
+    :class:`HorovodRunner`'s.
     """
 
     naming = TORCH_DISTRIBUTOR

@@ -28,6 +28,18 @@ with DAG("hvd_on_spark_connect", schedule=None, start_date=START, catchup=False)
     )
 
 
+with DAG("hvd_client_address_over_connect", schedule=None, start_date=START, catchup=False):
+    # the client's own address for its ranks to reach it (docs/compatibility.md, a client in a container): no
+    # host of the task's run listens there (the run's host is in the cluster), so it must not reach the host
+    HorovodRunnerOperator(
+        task_id="allreduce",
+        python_callable=allreduce_over_connect,
+        np=2,
+        conn_id="spark_connect_default",
+        spark_conf={"spark.horovodRunner.driverHost": "192.0.2.1"},  # (TEST-NET-1: nothing here listens there)
+    )
+
+
 with DAG("torch_on_spark_connect", schedule=None, start_date=START, catchup=False):
 
     @task.torch_distributed(num_processes=2, local_mode=False, use_gpu=False, conn_id="spark_connect_default")
@@ -41,3 +53,14 @@ with DAG("torch_on_spark_connect", schedule=None, start_date=START, catchup=Fals
         return ranks
 
     gather_ranks()
+
+
+with DAG("hvd_task_on_a_server_of_np_slots", schedule=None, start_date=START, catchup=False):
+    # np=2 on a server of 2 task slots (tests/test_connect_airflow.py: connect_local, local[2]): the ranks fit, the
+    # host of a run that outlives the task does not beside them, so the task runs as it did before durable runs
+
+    @task.horovod(np=2, conn_id="spark_connect_default")
+    def sum_over_connect() -> dict:
+        return allreduce_over_connect()
+
+    sum_over_connect()

@@ -42,6 +42,35 @@ with DAG("hvd_bad_xcom", schedule=None, start_date=START, catchup=False, params=
     unstorable(marks="{{ params.marks }}")
 
 
+with DAG("hvd_restarts", schedule=None, start_date=START, catchup=False, params={"marks": ""}):
+
+    @task.horovod(np=-2, max_restarts=1)
+    def killed_once(marks: str) -> dict:
+        """Rank 0 reports a checkpoint, then rank 1's process is SIGKILLed, in the first attempt only; the second
+        attempt returns what it resumed from."""
+        import os
+        import signal
+        import time
+        from pathlib import Path
+
+        from airflow_provider_hvd import last_checkpoint, report_checkpoint
+
+        resumed = last_checkpoint()
+        if resumed is None:
+            if os.environ["HOROVOD_RANK"] == "0":
+                report_checkpoint(str(Path(marks, "model.pt")), epoch=1)
+                Path(marks, "reported").touch()
+            else:
+                while not Path(marks, "reported").exists():
+                    time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)
+        print(f"resumed from epoch {resumed['epoch']}", flush=True)
+        return resumed
+
+    killed_once(marks="{{ params.marks }}")
+
+
 with DAG("hvd_on_kill_early", schedule=None, start_date=START, catchup=False, params={"pid_dir": ""}):
 
     @task.horovod(np=2, openlineage_inject_parent_job_info=True)

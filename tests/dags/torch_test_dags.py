@@ -82,3 +82,17 @@ with DAG("torch_helper_beside", schedule=None, start_date=START, catchup=False) 
 
 if __name__ == "__main__":  # `python torch_test_dags.py`: how Airflow's docs run a DAG file to debug it
     torch_helper_beside.test()
+
+
+def check_the_data(rows: int) -> None:
+    if rows < 10:
+        raise ValueError(f"only {rows} rows: not enough to train on")
+
+
+with DAG("torch_fails_in_the_dag_file", schedule=None, start_date=START, catchup=False):
+
+    @task.torch_distributed(num_processes=2, use_gpu=False)
+    def train_on_too_little() -> None:
+        check_the_data(3)
+
+    train_on_too_little()

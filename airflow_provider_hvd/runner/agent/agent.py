@@ -10,6 +10,7 @@ or goes away. Its own failures are reported to the driver too.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -31,6 +32,7 @@ from typing import cast
 from .. import reaper
 from ..rank.control import CONTROL_FD_ENV, LOG_TOKEN_ENV, message_marker
 from ..rank.stacks import STACKS_FILE_ENV
+from ..shared import torch_env
 from ..shared.liveness import Liveness
 from ..shared.messages import (
     Abort,
@@ -88,6 +90,7 @@ class AgentArgs:
     activity_every_s: float | None = None  # stall detection is on: report the rank's activity this often (.activity)
     tls_fingerprint: str | None = None  # the channel is TLS: the SHA-256 of the driver's certificate (..shared.tls)
     runner: str = HOROVOD_RUNNER.runner  # the runner the user called, as the agent's own messages name it
+    attempt: int = 1  # the run's attempt (max_restarts): the echoed lines are tagged with it after the first
 
 
 class AgentThreadFailed(RuntimeError):
@@ -97,9 +100,7 @@ class AgentThreadFailed(RuntimeError):
 class _RankProcess:
     """The rank process (under its reaper), its output relay and its control pipe."""
 
-    def __init__(
-        self, rank: int, env: dict[str, str], job: bytes, args: AgentArgs, outbox: Outbox, reports: ReportSender
-    ) -> None:
+    def __init__(self, rank: int, env: dict[str, str], args: AgentArgs, outbox: Outbox, reports: ReportSender) -> None:
         self.rank = rank
         self._args = args
         self._outbox = outbox
@@ -131,6 +132,7 @@ class _RankProcess:
             LOG_TOKEN_ENV: token,
             STACKS_FILE_ENV: self.stacks.path,
             reaper.RANK_DIR_ENV: self.folder,
+            **torch_env.error_file_env(env, self.folder),
         }
         out_read, out_write = os.pipe()
         try:
@@ -168,12 +170,15 @@ class _RankProcess:
         )
         self._output_reader.start()
         self._control_reader.start()
-        try:
-            assert self.proc.stdin is not None
+
+    def feed(self, job: bytes) -> None:
+        """Hand the rank its pickled job (on its stdin, which it reads to the end before it runs anything); a
+        rank ended meanwhile (the driver's Abort, on the watcher's thread) never gets it whole."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it died, or was ended: its exit code tells
             self.proc.stdin.write(job)
+        with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once; its exit code tells
 
     def guarded(self, body: Callable[[int], None], fd: int) -> None:
         """``body(fd)`` as an agent thread: an unexpected error in it ends the rank (:meth:`fail`)."""
@@ -194,7 +199,7 @@ class _RankProcess:
 
     def _echo(self, text: str, relayed: bool) -> None:
         if self._args.echo_output and (self._args.echo_relayed or not relayed):
-            sys.stderr.write(tagged(self.rank, text) + "\n")
+            sys.stderr.write(tagged(self.rank, text, self._args.attempt) + "\n")
 
     def _take(self, piece: Piece) -> None:
         if not is_stall_warning(piece):
@@ -354,6 +359,7 @@ def _run_rank(
     read_job: Callable[[], bytes],
     watch: DriverWatch,
     extra_env: Mapping[str, str],
+    on_rank_end: Callable[[], None] = lambda: None,
 ) -> threading.Thread:
     env = {**rank_environment(os.environ, hello, start, args.keep_omp_threads, args.hide_gpus), **extra_env}
     outbox = Outbox(stream)
@@ -362,12 +368,15 @@ def _run_rank(
     rank_process: _RankProcess | None = None
     activity: ActivityReporter | None = None
     try:
-        rank_process = _RankProcess(start.rank, env, read_job(), args, outbox, reports)  # the job is not kept
+        rank_process = _RankProcess(start.rank, env, args, outbox, reports)
         reports.on_failure = rank_process.fail
         watcher = threading.Thread(
             target=_watch_driver, args=(watch, rank_process), name="hvd-agent-watch", daemon=True
         )
+        # the driver is heard while the job is read and fed (a large one takes seconds): its Abort ends the rank
+        # before its main starts, and its DumpStacks is answered at once
         watcher.start()
+        rank_process.feed(read_job())  # the job is not kept
         if args.activity_every_s:
             activity = ActivityReporter(stream, args.activity_every_s, lambda: rank_process.last_active)
         rank_process.reported.wait()
@@ -387,6 +396,7 @@ def _run_rank(
             activity.stop()
         outbox.close()
         reports.close()  # (after the lines: each message reaches the driver before the agent's report)
+    on_rank_end()  # (before the report: once the driver has every rank's, nothing of theirs is held)
     killed = exit_code < 0 and rank_process.terminated_by is None  # a signal the driver did not ask for
     kill_evidence = memory.evidence(exit_code, rank_process.stacks.pid) if killed else None
     memory.close()
@@ -423,21 +433,10 @@ def _let_the_report_arrive(sock: socket.socket, watcher: threading.Thread) -> No
     watcher.join(REPORT_DELIVERY_S)
 
 
-def run_agent(
-    args: AgentArgs,
-    read_job: Callable[[], bytes],
-    hello: Hello | None = None,
-    extra_env: Mapping[str, str] | None = None,
-) -> str:
-    """Run one rank under supervision; returns what became of it, in a word.
-
-    ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
-    ``extra_env``: variables of this rank alone, on top of its environment (where its DataFrame shard is).
-    """
+def connect_driver(args: AgentArgs) -> tuple[socket.socket, FrameStream]:
+    """A connection to the driver channel that has proven the run's secret (over TLS when the channel is)."""
     sock = socket.create_connection((args.driver_host, args.port), timeout=CONNECT_TIMEOUT_S)
     stream: FrameStream | None = None
-    watcher: threading.Thread | None = None
-    watch: DriverWatch | None = None
     try:
         if args.tls_fingerprint is None:
             stream = FrameStream.over_socket(sock)
@@ -445,6 +444,33 @@ def run_agent(
         else:  # the channel is TLS: a certificate other than the run's is refused here, before anything is sent
             stream = connect_tls(sock, args.tls_fingerprint)
             connect_handshake(sock, args.secret, over=stream)
+    except BaseException:
+        if stream is not None:
+            stream.close()
+        else:
+            sock.close()
+        raise
+    return sock, stream
+
+
+def run_agent(
+    args: AgentArgs,
+    read_job: Callable[[], bytes],
+    hello: Hello | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    on_rank_end: Callable[[], None] = lambda: None,
+) -> str:
+    """Run one rank under supervision; returns what became of it, in a word.
+
+    ``read_job`` gives the pickled job when the rank starts; the agent keeps no reference to it afterwards.
+    ``extra_env``: variables of this rank alone, on top of its environment (where its DataFrame shard is);
+    ``on_rank_end`` is called once the rank process has ended, before the agent reports it (its shard's file
+    let go).
+    """
+    sock, stream = connect_driver(args)
+    watcher: threading.Thread | None = None
+    watch: DriverWatch | None = None
+    try:
         watch = DriverWatch(stream, sock, args.liveness)
         host, hostname = sock.getsockname()[0], socket.gethostname()
         hello = Hello(host=host, pid=os.getpid()) if hello is None else hello
@@ -457,7 +483,7 @@ def run_agent(
         if not isinstance(start, Start):
             return "turned away"  # an Abort: the run has ended, or started without this task
         try:
-            watcher = _run_rank(args, stream, hello, start, read_job, watch, extra_env or {})
+            watcher = _run_rank(args, stream, hello, start, read_job, watch, extra_env or {}, on_rank_end)
             return "done"
         except (ConnectionClosed, ConnectionError):  # reporting to the driver failed: it is gone
             return "lost the driver"
@@ -470,10 +496,7 @@ def run_agent(
     finally:
         if watcher is not None:
             _let_the_report_arrive(sock, watcher)
-        if stream is not None:
-            stream.close()
-        else:
-            sock.close()
+        stream.close()
         if watch is not None:
             watch.stop()
         if watcher is not None:

@@ -9,14 +9,17 @@ The files are in the task's local directories (``spark.local.dir``: Spark gives 
 executor's in ``SPARK_LOCAL_DIRS``; the temp dir elsewhere) and have no name there: each is opened unlinked
 (``O_TMPFILE``), held open by this process, and read by its rank through ``/proc/<pid>/fd/<fd>``. The kernel
 frees a file once the last process holding it has ended or closed it, so nothing outlives the run, whatever
-ends it: :meth:`TaskShards.close` at the task's end, or the task's process killed (the ranks die with it).
+ends it: :meth:`TaskShards.release` once its rank has ended (before its agent reports it: a driver that has every
+rank's report knows their files gone), :meth:`TaskShards.close` at the task's end, or the task's process killed
+(the ranks die with it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,19 +72,23 @@ class TaskShards:
 
     def __init__(self, shards: list[ShardFile]) -> None:
         self.shards = shards
+        self._fds = [shard.fd for shard in shards]  # (-1 once let go)
 
     def rank_env(self, process: int) -> dict[str, str]:
         """The environment of the task's ``process``-th rank (0 when the task runs one rank)."""
         return self.shards[process].rank_env()
 
+    def release(self, process: int) -> None:
+        """Let the ``process``-th rank's file go (its rank has ended: its space is freed now)."""
+        fd, self._fds[process] = self._fds[process], -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def close(self) -> None:
         """Let the files go (their space is freed once their ranks have ended too)."""
-        for shard in self.shards:
-            try:
-                os.close(shard.fd)
-            except OSError:
-                pass
-        self.shards = []
+        for process in range(len(self._fds)):
+            self.release(process)
 
     def __enter__(self) -> TaskShards:
         return self
@@ -97,6 +104,7 @@ class _Writer:
         self.feed = feed
         self.task = task
         self.dirs = dirs
+        self.bytes = 0  # written to the shards finished so far
         self.pending = list(feed.task_shards(task))  # shards not yet started
         self.done: list[ShardFile] = []
         self.next_row, self.task_stop = feed.task_range(task)
@@ -122,6 +130,7 @@ class _Writer:
 
         assert self.stream is not None and self.sink is not None and self.shard is not None and self.schema
         self.stream.close()
+        self.bytes += self.sink.tell()
         self.sink.close()
         start, stop = self.feed.shard_range(self.shard)
         info = ShardInfo(
@@ -167,6 +176,11 @@ class _Writer:
             if self.next_row == self.stop:
                 self._finish()
 
+    def written(self) -> tuple[int, int]:
+        """The rows and bytes written to the task's shards so far."""
+        current = self.sink.tell() if self.sink is not None else 0
+        return self.next_row - self.feed.task_range(self.task)[0], self.bytes + current
+
     def close(self) -> None:
         if self.next_row != self.task_stop:
             start = self.feed.task_range(self.task)[0]
@@ -184,17 +198,24 @@ class _Writer:
 
 
 def receive_shards(
-    batches: Iterable[pa.RecordBatch], feed: FeedSpec, task: int, dirs: list[str] | None = None
+    batches: Iterable[pa.RecordBatch],
+    feed: FeedSpec,
+    task: int,
+    dirs: list[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> TaskShards:
     """Write task ``task``'s rows from ``batches`` into one shard file per rank of the task, as they come.
 
-    ``dirs``: where to write (default: :func:`local_dirs`; a task's shards take turns over them). Raises
+    ``dirs``: where to write (default: :func:`local_dirs`; a task's shards take turns over them). ``progress``
+    is told the rows and bytes written so far after each batch (:class:`.shard_report.ShardReport`). Raises
     RuntimeError when the task does not get exactly the rows the plan gave it (and keeps no file then).
     """
     writer = _Writer(feed, task, dirs or local_dirs())
     try:
         for batch in batches:
             writer.write(batch)
+            if progress is not None:
+                progress(*writer.written())
         writer.close()
     except BaseException as exc:
         writer.abandon()

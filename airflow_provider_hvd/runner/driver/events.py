@@ -27,6 +27,12 @@ class LaunchFailed:
 
 
 @dataclass(frozen=True)
+class Intruded(LaunchFailed):
+    """An agent not of the job proved the run's secret (two agents for one Spark task, or one that found its
+    task's place taken): the run fails, also once every rank returned, and rank 0's result is not read."""
+
+
+@dataclass(frozen=True)
 class TaskEnded:
     """Spark ended a task of the barrier job (it failed, or was killed from outside the run), for this reason: what
     a lost agent's error says of its task."""
@@ -36,6 +42,17 @@ class TaskEnded:
 
 
 LaunchEvent = LaunchFailed | TaskEnded
+
+
+@dataclass(frozen=True)
+class TaskCounts:
+    """What Spark says of the stages of a run's Spark job that compute a DataFrame's rows for it: their tasks
+    running and done, and how many of them it runs now (0 where it does not tell them from the barrier stage:
+    over Spark Connect, where ``running`` counts the barrier stage's tasks too)."""
+
+    running: int
+    done: int
+    stages: int = 0
 
 
 # what the channel's agents and the supervisor's checks report
@@ -86,11 +103,12 @@ class StartTimedOut:
     size: int
     seconds: float
     what: str
+    dataframe: str | None = None  # a run on a DataFrame: how far its rows got (DataFrameProgress.describe)
 
 
 @dataclass(frozen=True)
 class Cancelled:
-    pass
+    dataframe: str | None = None  # before the ranks started, in a run on a DataFrame: how far its rows got
 
 
 @dataclass(frozen=True)

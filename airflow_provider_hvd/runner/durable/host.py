@@ -6,8 +6,9 @@ too) for the ranks' barrier job and runs the supervisor over it with the Spark l
 being this executor's: the ranks reach their supervisor inside the cluster. It
 relays the run's log lines (numbered, :mod:`.ring`), its status and progress to every client attached over the
 link, and ends the run when a client cancels it or nobody has been attached for ``detached_timeout`` (the
-lease). It keeps the outcome until a client fetched it or the lease ran out, then releases both sessions:
-nothing of the run is left on the server (releasing the run's session ends this task's operation too).
+lease). It keeps the outcome until a client fetched it, or ``outcome_timeout`` after the run ended, then releases
+both sessions: nothing of the run is left on the server (releasing the run's session ends this task's operation
+too). A host that cannot start publishes why in place of its link, for ``submit()`` and ``attach()`` to say.
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..errors import LaunchError, RunCancelledError
+from ..errors import HorovodRunnerError, LaunchError, RunCancelledError
 from ..mlflow_settings import MlflowSettings, auth_environment
 from ..shared.liveness import Liveness
 from ..shared.messages import Message
 from ..shared.naming import RunnerNaming
-from ..shared.timing import CANCELLED_OUTCOME_GRACE_S, CREDENTIALS_WAIT_S, SESSION_KEEPALIVE_S
+from ..shared.timing import (
+    CANCELLED_OUTCOME_GRACE_S,
+    CREDENTIALS_WAIT_S,
+    DEFAULT_OUTCOME_TIMEOUT_S,
+    HOST_FAILURE_SHOWN_S,
+    HOST_START_TIMEOUT_S,
+    SESSION_KEEPALIVE_S,
+)
 from ..shared.tls import RunCertificate
 from ..shared.wire import AuthenticationError, FrameStream, Pieces, new_secret
 from . import link
@@ -40,14 +48,17 @@ if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
     from ..driver.launch.spark.barrier import SparkLauncher
+    from ..driver.restarts.controller import RunController
     from ..driver.tracking.mlflow_run import MlflowRun
-    from ..driver.verdict.stacks import CodeFiles
+    from ..driver.tracking.progress import RunProgress
     from ..driver.watch.supervisor import Supervisor
     from .dataframe_recipe import DataFrameRecipe
 
 log = logging.getLogger("airflow_provider_hvd.runner")
 _PACKAGE_LOG = "airflow_provider_hvd"
 _WRITER_WAKE_S = 0.5  # a status change reaches the attached clients within this
+_OUTCOME_WAKE_S = 0.2
+_FAILURE_POLL_S = 0.25
 _RELEASE_CALL_S = 10.0
 SCHEMA = "ended string"  # the operation's one row
 SPEC_SCHEMA = "spec binary"  # its input's one row: the pickled HostSpec
@@ -76,7 +87,6 @@ class HostSpec:
     progress_interval_s: float
     resume_from: dict[str, Any] | None
     detached_timeout: float
-    code_files: CodeFiles | None
     #: the run's MLflow run, made and ended by the host: its settings (without the tracking URI, which comes over
     #: the link with the submitter's credentials; no ``on_start``) and params
     mlflow: MlflowSettings | None = None
@@ -90,6 +100,12 @@ class HostSpec:
     run_session: str = ""
     ranks_session: str = ""  # the ranks' session: a clone of the submitting one, without the client's address
     tag: str = ""
+    #: how long the host keeps a finished run's outcome that nobody fetched (``outcome_timeout``)
+    outcome_timeout: float = DEFAULT_OUTCOME_TIMEOUT_S
+    keepalive_s: float = SESSION_KEEPALIVE_S  # a request in each of the host's sessions this often
+    #: the run's restarts (``max_restarts``, ``restart_on_exceptions``): the host runs its attempts
+    max_restarts: int = 0
+    restart_on_exceptions: tuple[str, ...] = ()
 
 
 def spec_row(spec: HostSpec) -> bytes:
@@ -119,7 +135,8 @@ class _Capture(logging.Handler):
         try:
             lines = getattr(record, "rank_lines", None)
             if lines is not None and isinstance(record.args, tuple) and record.args:
-                self.ring.append(["rank", record.args[0], list(lines)])
+                attempt = getattr(record, "attempt", 1)  # (a later attempt's lines say so: [rank N, attempt K])
+                self.ring.append(["rank", record.args[0], list(lines), *([attempt] if attempt > 1 else [])])
             else:
                 self.ring.append(["log", record.name, record.levelno, self.format(record)])
         except Exception:  # noqa: BLE001 - logging never raises into the run
@@ -172,6 +189,9 @@ class _LinkSink:
     def checkpoint(self, record: dict[str, Any]) -> None:
         self._host.progress_write("checkpoint", record)
 
+    def restarts(self, records: list[dict[str, Any]]) -> None:
+        self._host.progress_write("restarts", records)
+
 
 class Host:
     def __init__(self, spec: HostSpec, read_job: Callable[[], bytes]) -> None:
@@ -185,11 +205,12 @@ class Host:
         self._lease_ended = False
         self.fetched = threading.Event()  # a client fetched the outcome, and every attached one has it
         self._any_fetched = False
-        self._unfetched: set[object] = set()  # the attached peers that have not fetched the outcome
+        self._waiting: set[object] = set()  # the attached peers that do not have the outcome yet
         self.ended = threading.Event()  # the host is done: its clients' threads end
-        self.progress: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.progress: dict[str, tuple[int, dict[str, Any] | list[Any]]] = {}
         self.outcome: tuple[link.Outcome, bytes | None] | None = None
-        self._supervisor: Supervisor | None = None
+        self._controller: RunController | None = None
+        self._supervisor: Supervisor | None = None  # the current attempt's (or the last one's, once it ended)
         self._ended_status: link.Status | None = None
         self._credentials: link.Credentials | None = None  # the submitting client's, for the MLflow run
         self._credentials_came = threading.Event()
@@ -199,10 +220,10 @@ class Host:
     def status(self) -> link.Status:
         if self._ended_status is not None:
             return self._ended_status
-        phase, started = self._supervisor.status() if self._supervisor is not None else ("starting", 0)
-        return link.Status("ending" if phase == "settling" else phase, started, self.spec.size)
+        phase, started, attempt = self._controller.status() if self._controller is not None else ("starting", 0, 1)
+        return link.Status("ending" if phase == "settling" else phase, started, self.spec.size, attempt=attempt)
 
-    def progress_write(self, what: str, value: dict[str, Any]) -> None:
+    def progress_write(self, what: str, value: dict[str, Any] | list[Any]) -> None:
         with self.ring.changed:
             version = self.progress.get(what, (0, {}))[0] + 1
             self.progress[what] = (version, value)
@@ -221,18 +242,19 @@ class Host:
         with self._lock:
             self._attached += 1 if joined else -1
             if joined:
-                self._unfetched.add(peer)
+                self._waiting.add(peer)
             if self._attached == 0:
                 self._detached_since = time.monotonic()
         if not joined:
-            self.peer_fetched(peer, False)
+            self.has_outcome(peer, fetched=False)
 
-    def peer_fetched(self, peer: object, fetched: bool = True) -> None:
-        """``peer`` fetched the outcome (or detached): the host ends once one did and every attached one has it."""
+    def has_outcome(self, peer: object, fetched: bool) -> None:
+        """``peer`` has the outcome: it fetched it (``fetched``: it holds rank 0's value or the run's error), or it
+        watches and was sent it, or it detached. The host ends once one fetched it and every attached one has it."""
         with self._lock:
-            self._unfetched.discard(peer)
+            self._waiting.discard(peer)
             self._any_fetched = self._any_fetched or fetched
-            done = self._any_fetched and not self._unfetched
+            done = self._any_fetched and not self._waiting
         if done:
             self.fetched.set()
 
@@ -258,10 +280,9 @@ class Host:
         with _captured(self.ring):
             run_session = open_session(spec.connection, spec.run_session)
             try:
-                server = _LinkServer(self, run_session)
+                server = self._serve_link(run_session)
                 try:
-                    run_session.conf.set(link.LINK_CONF, server.address.to_conf())
-                    keepalive = _KeepAlive([run_session])
+                    keepalive = _KeepAlive([run_session], spec.keepalive_s)
                     try:
                         self._supervise(keepalive)
                         self._keep_outcome()
@@ -271,8 +292,46 @@ class Host:
                     self.ended.set()
                     server.close()
             finally:
-                release(run_session)  # (ends this task's own operation: everything else is done)
+                try:
+                    release(run_session)  # (ends this task's own operation: everything else is done)
+                except Exception as exc:  # noqa: BLE001 - never in place of the run's own end, or its cause
+                    log.warning("%s: could not release the run's session: %s", spec.naming.runner, first_line(exc))
         return "ended"
+
+    def _serve_link(self, run_session: SparkSession) -> _LinkServer:
+        """The link's server, its address published in the run's session; where it cannot start, the cause is
+        published there instead (:meth:`_show_failure`) and raised."""
+        server: _LinkServer | None = None
+        try:
+            server = _LinkServer(self, run_session)
+            run_session.conf.set(link.LINK_CONF, server.address.to_conf())
+            return server
+        except BaseException as exc:
+            if server is not None:
+                self.ended.set()
+                server.close()
+            self._show_failure(run_session, exc)
+            raise
+
+    def _show_failure(self, run_session: SparkSession, error: BaseException) -> None:
+        """Publish why the host could not start where its link's address belongs, for ``submit()`` (or an
+        ``attach()``) to raise; keep it there until a client released the run's session, at most
+        ``HOST_FAILURE_SHOWN_S`` (the caller releases it then)."""
+        cause = first_line(error).removeprefix(f"{self.spec.naming.runner}: ")  # (the client's error names it)
+        if not isinstance(error, HorovodRunnerError):
+            cause = f"{type(error).__name__}: {cause}"
+        log.error("%s: the run's host could not start: %s", self.spec.naming.runner, cause)
+        try:
+            run_session.conf.set(link.LINK_CONF, link.HostGone(cause).to_conf())
+        except Exception:  # noqa: BLE001 - the session is gone: nothing is left to show it in
+            return
+        deadline = time.monotonic() + HOST_FAILURE_SHOWN_S
+        while time.monotonic() < deadline:
+            try:
+                run_session.conf.get(link.LINK_CONF, None)
+            except Exception:  # noqa: BLE001 - the client read it and released the session
+                return
+            time.sleep(_FAILURE_POLL_S)
 
     def _supervise(self, keepalive: _KeepAlive) -> None:
         # the submitter's MLflow credentials, once they came, where the run's MLflow run reads them: its client
@@ -314,7 +373,7 @@ class Host:
         tracking: MlflowRun | None = None
         try:
             ranks = open_session(spec.connection, spec.ranks_session)
-            keepalive.sessions.append(ranks)
+            keepalive.add(ranks)
             tracking = start_mlflow_run(
                 self._mlflow_settings(mlflow_auth),
                 spec.naming.runner,
@@ -325,8 +384,8 @@ class Host:
             )
             if tracking is not None and tracking.run_id is not None:  # every client, attached now or later
                 self.progress_write(link.MLFLOW_RUN, {"run_id": tracking.run_id, "url": tracking.url})
-            self._supervisor = self._make_supervisor(ranks, progress, tracking)
-            body = self._supervisor.run_raw()
+            self._controller = self._attempts(ranks, progress, tracking)
+            body = self._controller.run_raw()
             result = body.read() if isinstance(body, Pieces) else bytes(body)
         except BaseException as exc:  # noqa: BLE001 - every end is the run's outcome, for the client
             error = exc
@@ -340,23 +399,45 @@ class Host:
             if tracking is not None:
                 tracking.end(error)
             if ranks is not None:
-                with contextlib.suppress(Exception):
-                    release(ranks)
+                keepalive.release(ranks)
         metrics = {name: [list(point) for point in points] for name, points in progress.history.as_dict().items()}
-        outcome = link.Outcome(None if error is None else error_parts(error), metrics, progress.checkpoint)
+        attempts = self._controller.attempts() if self._controller is not None else []
+        outcome = link.Outcome(
+            None if error is None else error_parts(error), metrics, progress.checkpoint, len(result or b""), attempts
+        )
         with self.ring.changed:
             cause = None if error is None else first_line(error)
             started = self._supervisor.status()[1] if self._supervisor is not None else 0
-            self._ended_status = link.Status("ended", started, spec.size, cause)
+            self._ended_status = link.Status("ended", started, spec.size, cause, max(1, len(attempts)))
             self.outcome = (outcome, result)
             self.ring.changed.notify_all()
         if error is not None:
             log.info("%s: the run ended: %s", spec.naming.runner, first_line(error))
 
-    def _make_supervisor(self, ranks: SparkSession, progress: Any, tracking: MlflowRun | None) -> Supervisor:
+    def _attempts(self, ranks: SparkSession, progress: RunProgress, tracking: MlflowRun | None) -> RunController:
+        """The run's attempts (``max_restarts``), each a launcher and a supervisor of its own; the job is read once
+        and kept for the next attempts where the run may restart; one MLflow run records the restarts."""
+        from ..driver.restarts.controller import KeptJob, RunController
+        from ..driver.restarts.policy import RestartPolicy
+
+        spec = self.spec
+        job = KeptJob(self._read_job(), keep=spec.max_restarts > 0)
+        launcher: SparkLauncher | None = None
+
+        def attempt(number: int) -> Supervisor:
+            nonlocal launcher
+            launcher = self._launcher(ranks, launcher)
+            self._supervisor = self._new_supervisor(launcher, job.take(), progress, tracking, number)
+            return self._supervisor
+
+        policy = RestartPolicy(spec.max_restarts, spec.restart_on_exceptions)
+        listeners = [tracking] if tracking is not None else []
+        return RunController(attempt, progress, policy, self._cancelled, spec.naming.runner, listeners)
+
+    def _launcher(self, ranks: SparkSession, previous: SparkLauncher | None) -> SparkLauncher:
+        """An attempt's launcher in the ranks' session; a run on a DataFrame builds and plans it for the first
+        attempt, and the next ones read the same shards (``previous``: the last attempt's launcher)."""
         from ..driver.launch.spark.barrier import SparkLauncher
-        from ..driver.ranks.kind import RankKind, horovod_kind, torch_kind
-        from ..driver.watch.supervisor import Supervisor
 
         spec = self.spec
         launcher = SparkLauncher(
@@ -374,23 +455,35 @@ class Host:
 
             assert isinstance(launcher.app, ConnectApp)
             launcher.app.beside = CpuTasks(running=1)
-        if spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
+        if previous is not None:
+            launcher.shard_plan = previous.shard_plan
+        elif spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
             self._plan_dataframe(spec.dataframe, ranks, launcher)
+        return launcher
+
+    def _new_supervisor(
+        self, launcher: SparkLauncher, job: bytes, progress: RunProgress, tracking: MlflowRun | None, attempt: int
+    ) -> Supervisor:
+        """The supervisor of the run's attempt ``attempt``, with a new rank kind (its rendezvous or store)."""
+        from ..driver.ranks.kind import RankKind, horovod_kind, torch_kind
+        from ..driver.watch.supervisor import Supervisor
+
+        spec = self.spec
         kind: RankKind = horovod_kind() if spec.kind == "Horovod" else torch_kind()
         return Supervisor(
             launcher,
-            self._read_job(),
+            job,
             spec.verbosity,
             self._cancelled,
             spec.start_timeout_s,
             progress,
             spec.liveness,
             stall_timeout=spec.stall_timeout,
-            code_files=spec.code_files,
             channel_tls=spec.channel_tls,
             kind=kind,
             exit_timeout_s=spec.exit_timeout,
             tracking=tracking,
+            attempt=attempt,
         )
 
     def _plan_dataframe(self, recipe: DataFrameRecipe, ranks: SparkSession, launcher: SparkLauncher) -> None:
@@ -410,34 +503,53 @@ class Host:
             launcher.plan(dataframe)
 
     def _keep_outcome(self) -> None:
-        """Until a client fetched the outcome and every attached one has it, or nobody was attached for
-        ``detached_timeout``; a cancelled run's, for the clients attached now only (``CANCELLED_OUTCOME_GRACE_S``)."""
-        grace_over = time.monotonic() + CANCELLED_OUTCOME_GRACE_S
-        while not self.fetched.wait(0.2):
-            if self._cancel_asked and time.monotonic() > grace_over:
+        """Until a client fetched the outcome and every attached one has it, or ``outcome_timeout`` after the run
+        ended, whoever is attached; a cancelled run's (a client's cancel, or its lease), for the clients attached
+        now only (``CANCELLED_OUTCOME_GRACE_S``)."""
+        now = time.monotonic()
+        grace_over, kept_until = now + CANCELLED_OUTCOME_GRACE_S, now + self.spec.outcome_timeout
+        while not self.fetched.wait(_OUTCOME_WAKE_S):
+            now = time.monotonic()
+            if (self._cancel_asked or self._lease_ended) and now > grace_over:
                 return
-            if self.lease_over():
+            if now > kept_until:
                 log.warning(
-                    "%s: nobody fetched the run's outcome within %gs (detached_timeout): it is dropped",
+                    "%s: nobody fetched the run's outcome within %gs of its end (outcome_timeout): it is dropped",
                     self.spec.naming.runner,
-                    self.spec.detached_timeout,
+                    self.spec.outcome_timeout,
                 )
                 return
 
 
 class _KeepAlive:
-    """An RPC in each of the host's sessions every ``SESSION_KEEPALIVE_S``: a session idle for the server's
-    session timeout would be closed with its operations."""
+    """An RPC in each of the host's sessions every ``interval`` seconds (``SESSION_KEEPALIVE_S``): a session idle
+    for the server's session timeout would be closed with its operations. A session released leaves it."""
 
-    def __init__(self, sessions: list[SparkSession]) -> None:
-        self.sessions = sessions
+    def __init__(self, sessions: list[SparkSession], interval: float) -> None:
+        self._sessions = list(sessions)
+        self._lock = threading.Lock()
+        self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hvd-host-keepalive", daemon=True)
         self._thread.start()
 
+    def add(self, spark: SparkSession) -> None:
+        with self._lock:
+            self._sessions.append(spark)
+
+    def release(self, spark: SparkSession) -> None:
+        """Release ``spark`` on the server (a failure is left at that: the server's timeout ends it), renewed no
+        more."""
+        with self._lock:
+            self._sessions.remove(spark)
+        with contextlib.suppress(Exception):
+            release(spark)
+
     def _loop(self) -> None:
-        while not self._stop.wait(SESSION_KEEPALIVE_S):
-            for spark in list(self.sessions):
+        while not self._stop.wait(self._interval):
+            with self._lock:
+                sessions = list(self._sessions)
+            for spark in sessions:
                 try:
                     spark.conf.get(link.LINK_CONF, None)
                 except Exception as exc:  # noqa: BLE001 - the next one may pass; the run does not depend on it
@@ -452,7 +564,12 @@ class _LinkServer:
     """Accepts the link's connections (``hvd-link``); each authenticated client gets a :class:`_Peer`."""
 
     def __init__(self, host: Host, run_session: SparkSession) -> None:
-        from ..driver.launch.address import connect_driver_address, listening_socket
+        from ..driver.launch.address import (
+            CONNECT_BIND_CONF,
+            CONNECT_HOST_CONF,
+            connect_driver_address,
+            listening_socket,
+        )
         from ..driver.launch.spark.cluster import is_local, session_conf
 
         self._host = host
@@ -461,7 +578,15 @@ class _LinkServer:
         where = connect_driver_address(conf, run_session.client.host, is_local(conf("spark.master") or ""), spec.naming)
         self._certificate = RunCertificate.new()  # always: whatever Spark encrypts (docs/security.md)
         self._secret = new_secret()
-        self._listener = listening_socket(where.bind, 0, 16)  # (any free port: the link is found by its session)
+        try:
+            self._listener = listening_socket(where.bind, 0, 16)  # (any free port: the link is found by its session)
+        except OSError as exc:
+            settings = f" ({where.address_settings})" if where.address_settings else ""
+            raise LaunchError(
+                f"{spec.naming.runner}: the run's host cannot listen for its clients on {where.bind}{settings} in its "
+                f"executor on {socket.gethostname()}: {exc.strerror or exc}. Unset {CONNECT_BIND_CONF} and "
+                f"{CONNECT_HOST_CONF} in the Connect server's settings, or give an address of every executor's host."
+            ) from exc
         self._listener.settimeout(0.5)
         self.address = link.LinkAddress(
             where.advertised,
@@ -495,7 +620,11 @@ class _LinkServer:
     def _admit(self, sock: socket.socket, peer: tuple[str, int]) -> None:
         try:
             sock, stream = link.accept_link(sock, self._secret, self._certificate.context)
-            attach = link.receive(stream)
+            try:
+                attach = link.receive(stream)
+            except EOFError:  # a probe (a later attempt of this host's task asks whether it is alive)
+                sock.close()
+                return
             if not isinstance(attach, link.Attach):
                 raise AuthenticationError(f"it sent {type(attach).__name__} first, not Attach")
         except Exception as exc:  # noqa: BLE001 - not a client of this run: nothing of it was read
@@ -517,6 +646,7 @@ class _Peer:
         self._sock = sock
         self._stream = stream
         self._logs = attach.logs
+        self._fetch = attach.fetch
         self._cursor = host.ring.acked if attach.after is None else attach.after
         self._peer = peer
         self._gone = threading.Event()
@@ -552,7 +682,7 @@ class _Peer:
                 log.warning("%s: the client at %s cancelled the run", self._host.spec.naming.runner, self._peer)
                 self._host.cancel()
             elif isinstance(message, link.Fetched):
-                self._host.peer_fetched(self)
+                self._host.has_outcome(self, fetched=True)
             elif isinstance(message, link.Credentials):
                 self._host.take_credentials(message)
 
@@ -564,26 +694,29 @@ class _Peer:
         next_beat = 0.0
         try:
             while not self._gone.is_set() and not host.ended.is_set():
+                ended = host.outcome  # (before the status: once it is set, so is the status "ended", sent before it)
+                status = host.status()  # (first: a client attached afresh has it before any backlog of lines)
+                if status != sent_status:
+                    self._send(status)
+                    sent_status = status
                 if self._logs:
                     first, entries, lost = ring.since(self._cursor)
                     if entries or lost:
                         self._send(link.Lines(first, entries, lost))
                         self._cursor = first + sum(entry_lines(entry) for entry in entries)
-                status = host.status()
-                if status != sent_status:
-                    self._send(status)
-                    sent_status = status
                 for what, (version, value) in list(host.progress.items()):
                     if sent_progress.get(what) != version:
                         self._send(link.Progress(what, value))
                         sent_progress[what] = version
                 lines_left = self._logs and bool(ring.since(self._cursor)[1])  # (every line goes before the outcome)
-                if host.outcome is not None and not outcome_sent and not lines_left:
-                    outcome, result = host.outcome
+                if ended is not None and not outcome_sent and not lines_left:
+                    outcome, result = ended
                     self._send(outcome)
-                    if result is not None:
+                    if result is not None and self._fetch:  # (a watcher never gets the value: its size only)
                         self._send(link.LinkResult(result))
                     outcome_sent = True
+                    if not self._fetch:
+                        host.has_outcome(self, fetched=False)
                 if time.monotonic() >= next_beat:
                     self._send(link.Alive())
                     next_beat = time.monotonic() + host.spec.liveness.interval_s
@@ -611,25 +744,65 @@ def host_task(read_job: Callable[[], bytes]) -> Callable[[Iterator[Any]], Iterat
         spec = read_spec(batches)
         context = TaskContext.get()
         if context is not None and context.attemptNumber() > 0:
-            refuse_retry(spec.naming.runner, spec.connection, spec.run_session)
+            later_attempt(spec.naming.runner, spec.connection, spec.run_session, spec.liveness)
         ended = Host(spec, read_job).run()
         yield pa.RecordBatch.from_pydict({"ended": [ended]})
 
     return task
 
 
-def refuse_retry(runner: str, connection: str, run_session: str) -> None:
-    """A host task Spark started again (its first attempt failed, or its executor was lost) must not start the
-    run a second time from scratch: it marks the run's link as lost, for ``attach()`` to say so, and fails."""
+def later_attempt(
+    runner: str, connection: str, run_session: str, liveness: Liveness, start_wait: float = HOST_START_TIMEOUT_S
+) -> NoReturn:
+    """A later attempt of the host's task: Spark retried it (its first attempt failed, or its executor was lost) or
+    runs a speculative copy beside a first attempt still running. It never starts the run a second time.
+
+    While the first attempt's link answers (a copy), it waits beside it: it neither ends nor replaces that run,
+    and never completes before it (Spark would kill the first attempt); Spark kills it once the first completes.
+    Once the first attempt has not answered for the heartbeat timeout (or published no link within
+    ``start_wait``), it marks the run lost in its session, with the first one's address for a client to
+    try (``attach()`` then ends what is left of the run and says so), and fails. A host that published why it
+    could not start keeps that cause."""
     message = (
-        f"{runner}: the run's host was lost (its task or executor failed) and Spark retried it: a "
-        "submitted run is not started again from scratch; submit it again (resume_from= resumes from a checkpoint)"
+        f"{runner}: the run's host was lost (its task or executor failed) and Spark retried it: a submitted run is "
+        "not started again from scratch; submit it again (resume_from= resumes from a checkpoint)"
     )
-    with contextlib.suppress(Exception):  # (the session may be gone: then an attach says the run has ended)
-        session = open_session(connection, run_session)
-        session.conf.set(link.LINK_CONF, link.HOST_LOST)
-        session.client.close()
+    session = open_session(connection, run_session)  # (the session gone: the run has ended, attach() says so)
+    try:
+        first = link.published(session.conf.get(link.LINK_CONF, None))
+        deadline = time.monotonic() + start_wait  # (a first attempt still starting publishes its link within it)
+        while first is None and time.monotonic() < deadline:
+            time.sleep(liveness.interval_s)
+            first = link.published(session.conf.get(link.LINK_CONF, None))
+        if isinstance(first, link.HostGone):
+            raise RuntimeError(f"{message} ({first.cause})")
+        if first is not None:
+            _wait_while_it_answers(first, liveness, runner)
+        lost = link.HostGone(message.split(": ", 1)[1], lost=True, was=first)
+        with contextlib.suppress(Exception):  # (the session may be gone: then an attach says the run has ended)
+            session.conf.set(link.LINK_CONF, lost.to_conf())
+    finally:
+        with contextlib.suppress(Exception):
+            session.client.close()
     raise RuntimeError(message)
+
+
+def _wait_while_it_answers(address: link.LinkAddress, liveness: Liveness, runner: str) -> None:
+    """Return once the host at ``address`` has not answered for ``liveness.timeout_s``."""
+    answered = False
+    last = time.monotonic()
+    while time.monotonic() - last <= liveness.timeout_s:
+        if link.answers(address, liveness.timeout_s):
+            if not answered:
+                log.warning(
+                    "%s: this later attempt of the run's host task (a speculative copy) waits beside the first one, "
+                    "which runs the run at %s:%d: Spark ends it once the first completes",
+                    runner,
+                    address.host,
+                    address.port,
+                )
+            answered, last = True, time.monotonic()
+        time.sleep(liveness.interval_s)
 
 
 def connection_string(spark: SparkSession) -> tuple[str, str, str]:

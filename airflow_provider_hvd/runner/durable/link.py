@@ -22,12 +22,10 @@ from ..shared.timing import CONNECT_TIMEOUT_S, HANDSHAKE_TIMEOUT_S
 from ..shared.tls import accept_tls, connect_tls
 from ..shared.wire import Body, DriverHandshake, FrameStream, Kind, connect_handshake
 
-#: the key of the run's session conf where the host publishes how to reach it
+#: the key of the run's session conf where the host publishes how to reach it (:func:`published` reads it)
 LINK_CONF = "spark.horovodRunner.durable.link"
 #: the session id of the ranks' own session (the host publishes it beside the link: a cancel without a link ends it)
 RANKS_CONF = "spark.horovodRunner.durable.ranks"
-#: what a host that Spark retried writes into LINK_CONF in place of an address: the run's first host was lost
-HOST_LOST = "lost"
 #: the Progress that names the run's MLflow run (``{"run_id", "url"}``), which its host made
 MLFLOW_RUN = "mlflow_run"
 
@@ -56,19 +54,50 @@ class LinkAddress:
 
 
 @dataclass(frozen=True)
+class HostGone:
+    """What a host publishes in LINK_CONF in place of its address: it could not start (``lost`` False: ``cause``
+    says why), or a later attempt of its task found the first one gone (``lost``; ``was``: the first one's
+    address, which a client tries before it believes it)."""
+
+    cause: str
+    lost: bool = False
+    was: LinkAddress | None = None
+
+    def to_conf(self) -> str:
+        key = "lost" if self.lost else "failed"
+        return json.dumps({key: self.cause, "was": None if self.was is None else self.was.__dict__})
+
+
+def published(value: object) -> LinkAddress | HostGone | None:
+    """What the run's host published in LINK_CONF (``value``, None: nothing yet), whichever of its kinds."""
+    if value is None or value == "":
+        return None
+    try:
+        data = json.loads(str(value))
+        if "failed" in data or "lost" in data:
+            was = LinkAddress(**data["was"]) if data.get("was") else None
+            return HostGone(str(data.get("lost", data.get("failed"))), "lost" in data, was)
+        return LinkAddress(**data)
+    except (TypeError, ValueError, AttributeError) as exc:
+        return HostGone(f"its host published {str(value)[:200]!r} where its link's address belongs ({exc})")
+
+
+@dataclass(frozen=True)
 class Attach(Message):
     """A client attaches: ``logs`` whether it relays the run's lines; they resume after line ``after`` (None:
-    after the last line any client acknowledged)."""
+    after the last line any client acknowledged); ``fetch`` whether it fetches the run's outcome."""
 
     KIND: ClassVar[Kind] = Kind.LINK_ATTACH
     logs: bool = True
     after: int | None = None
+    fetch: bool = True  # False: a watcher, which never gets rank 0's value (the Outcome says its size)
 
 
 @dataclass(frozen=True)
 class Lines(Message):
-    """Log entries from line ``first`` on (a rank entry ``["rank", rank, [lines]]`` counts its lines, a runner
-    entry ``["log", logger, level, message]`` one); ``lost`` lines before them were no longer kept."""
+    """Log entries from line ``first`` on (a rank entry ``["rank", rank, [lines]]``, with the attempt after the
+    lines from a run's second attempt on, counts its lines, a runner entry ``["log", logger, level, message]``
+    one); ``lost`` lines before them were no longer kept."""
 
     KIND: ClassVar[Kind] = Kind.LINK_LINES
     first: int
@@ -89,24 +118,28 @@ class Status(Message):
     ranks_started: int
     size: int
     cause: str | None = None
+    attempt: int = 1  # the run's attempt (``max_restarts``): its phase and ranks are this attempt's
 
 
 @dataclass(frozen=True)
 class Progress(Message):
     KIND: ClassVar[Kind] = Kind.LINK_PROGRESS
-    what: str  # "metrics" or "checkpoint" (the ProgressSink method), or MLFLOW_RUN
-    value: dict[str, Any]
+    what: str  # "metrics", "checkpoint" or "restarts" (the ProgressSink method), or MLFLOW_RUN
+    value: dict[str, Any] | list[Any]  # (a list: "restarts", the record of each attempt)
 
 
 @dataclass(frozen=True)
 class Outcome(Message):
-    """How the run ended: ``error`` (the raised error's parts, :mod:`.outcome_parts`) or rank 0's value in the
-    ``LINK_RESULT`` frame that follows; the run's metrics history and last checkpoint."""
+    """How the run ended: ``error`` (the raised error's parts, :mod:`.outcome_parts`) or rank 0's value, pickled,
+    ``value_bytes`` long, in the ``LINK_RESULT`` frame that follows (to a fetching client only); the run's metrics
+    history, last checkpoint, and the record of each attempt (``HorovodRunner.attempts``')."""
 
     KIND: ClassVar[Kind] = Kind.LINK_OUTCOME
     error: dict[str, Any] | None
     metrics: dict[str, list[list[float | None]]] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None
+    value_bytes: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -121,6 +154,8 @@ class Cancel(Message):
 
 @dataclass(frozen=True)
 class Fetched(Message):
+    """The client holds the outcome (rank 0's value unpickled, or the run's error): the host may let it go."""
+
     KIND: ClassVar[Kind] = Kind.LINK_FETCHED
 
 
@@ -184,3 +219,15 @@ def connect_link(address: LinkAddress, timeout: float = CONNECT_TIMEOUT_S) -> tu
         sock.close()
         raise
     return sock, stream
+
+
+def answers(address: LinkAddress, timeout: float) -> bool:
+    """Whether a host answers at ``address`` and proves the link's secret (it takes the closed connection that
+    follows for a probe, and says nothing of it)."""
+    try:
+        sock, stream = connect_link(address, timeout)
+    except OSError:
+        return False
+    stream.close()
+    sock.close()
+    return True

@@ -15,7 +15,7 @@ from typing import Any
 MAX_LINES = 20_000
 MAX_CHARS = 8 << 20
 
-Entry = list[Any]  # ["rank", rank, [lines]] or ["log", logger, level, message]
+Entry = list[Any]  # ["rank", rank, [lines]] (["rank", rank, [lines], attempt] after the first) or ["log", ...]
 
 
 def entry_lines(entry: Entry) -> int:
@@ -62,7 +62,7 @@ class LineRing:
             entries = [entry for _, entry in kept]
             if first < line:  # the first entry was partly relayed: only its rest
                 head = entries[0]
-                entries[0] = ["rank", head[1], head[2][line - first :]] if head[0] == "rank" else head
+                entries[0] = ["rank", head[1], head[2][line - first :], *head[3:]] if head[0] == "rank" else head
                 first = line
             return first, entries, lost
 

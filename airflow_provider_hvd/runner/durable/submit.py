@@ -19,7 +19,6 @@ the run's session) when the run is over; the run's outcome comes over the link, 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import re
@@ -30,10 +29,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..driver.launch.address import CLIENT_ADDRESS_SETTINGS
-from ..errors import LaunchError, RunCancelledError
-from ..shared.timing import HOST_START_TIMEOUT_S
+from ..errors import HostSlotError, LaunchError, RunCancelledError
+from ..shared.timing import HOST_START_TIMEOUT_S, SESSION_KEEPALIVE_S
 from .host import SCHEMA, SPEC_SCHEMA, HostSpec, connection_string, host_task, open_session, release, spec_row
-from .link import LINK_CONF, RANKS_CONF, Credentials, LinkAddress
+from .link import LINK_CONF, RANKS_CONF, Credentials, HostGone, LinkAddress, published
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_hvd.runner")
 
 _LINK_POLL_S = 0.25
+_OPERATION_END_WAIT_S = 2.0  # a released session's operation fails at once: its error may name the cause
 HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
 #: pyspark sends local data of this size or more as an artifact of the session (a cached local relation)
 _CACHE_THRESHOLD_CONF = "spark.sql.session.localRelationCacheThreshold"
@@ -88,21 +88,23 @@ def cpu_only_host(spark: SparkSession, master: str) -> bool:
 def check_host_slot(
     app: ConnectApp, tasks: int, timeout: float, cancelled: Callable[[], bool], cpu_only: bool = False
 ) -> None:
-    """The slot check of a submitted run: its ranks' tasks and its host's (a core beside the ranks' slots where it
-    has a profile of one CPU, else one slot more)."""
+    """The slot check of a submitted run: its ranks' tasks and its host's, named apart (HostSlotError where only
+    the host's does not fit): one slot more, or a core beside the ranks' slots where its task has a profile of
+    one CPU."""
     from ..driver.launch.spark.capacity import CpuTasks
 
+    if not cpu_only:
+        app.check_slots(tasks, timeout, cancelled, HOST_SLOTS)
+        return
+    app.beside = CpuTasks(pending=HOST_SLOTS)
     try:
-        if cpu_only:
-            app.beside = CpuTasks(pending=HOST_SLOTS)
-            app.check_slots(tasks, timeout, cancelled)
-        else:
-            app.check_slots(tasks + HOST_SLOTS, timeout, cancelled)
+        app.check_slots(tasks, timeout, cancelled)
+    except HostSlotError:
+        raise
     except LaunchError as exc:
-        needs = "a core beside its ranks' slots" if cpu_only else f"{HOST_SLOTS} task slot more than its ranks"
         raise LaunchError(
-            f"{exc} A submitted run needs {needs}, for its host (where its supervisor runs) for the whole run: see "
-            "docs/durable-runs.md."
+            f"{exc} A submitted run needs a core beside its ranks' slots, for its host (where its supervisor runs) "
+            "for the whole run: see docs/durable-runs.md."
         ) from None
 
 
@@ -137,12 +139,6 @@ def _run_session(connection: str, session_id: str, ranks: SparkSession) -> Spark
     return run_session
 
 
-def _release(*sessions: SparkSession) -> None:
-    for session in sessions:
-        with contextlib.suppress(Exception):  # (released already: the host's end releases both)
-            release(session)
-
-
 def submit_run(
     spark: SparkSession,
     spec: HostSpec,
@@ -156,8 +152,8 @@ def submit_run(
     """Start the run's host on the server of ``spark`` and return the run's handle, attached; ``announce`` is
     told the run's id before the host starts, ``on_mlflow_run`` its MLflow run once the host made it; the host
     gets ``credentials`` (MLflow's) over the link."""
-    from ..driver.launch.spark.connect import CANCEL_CALL_S, ConnectApp, job_limit, job_too_large
-    from ..driver.launch.spark.connect_client import cpu_task_profile, interrupt_tag
+    from ..driver.launch.spark.connect import ConnectApp, job_limit, job_too_large
+    from ..driver.launch.spark.connect_client import cpu_task_profile
     from ..jobs import Job, JobId, _close_channel
 
     runner = spec.naming.runner
@@ -176,7 +172,7 @@ def submit_run(
     except BaseException:
         _release(ranks_session)
         raise
-    ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout)
+    ident = JobId(shown, session_id, user_id, tag, runner, spec.detached_timeout, spec.outcome_timeout)
     try:
         profile = cpu_task_profile(run_session) if cpu_only else None
         spec = dataclasses.replace(
@@ -186,49 +182,77 @@ def submit_run(
             ranks_session=ranks_session.session_id,
             tag=tag,
             cpu_only=profile is not None,
+            keepalive_s=SESSION_KEEPALIVE_S,
         )
         if announce is not None:
             announce(ident.dumps())
-    except BaseException:
-        _release(run_session, ranks_session)
-        raise
-    deadline = time.monotonic() + HOST_START_TIMEOUT_S
-    try:
         operation = _Operation(run_session, spec, payload, profile)
         del payload
-        while True:
-            value = run_session.conf.get(LINK_CONF, None)
-            if value:
-                address = LinkAddress.from_conf(str(value))
-                break
-            if operation.error is not None or not operation.thread.is_alive():
-                from ..driver.launch.spark.cluster import summary
-
-                raise LaunchError(
-                    f"{runner}: the run's host could not start on {app.where()}: "
-                    f"{summary(operation.error or 'its operation ended', first_line=True)}"
-                )
-            if cancelled():
-                raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
-            if time.monotonic() > deadline:
-                raise LaunchError(
-                    f"{runner}: the run's host did not start within {HOST_START_TIMEOUT_S:g}s on {app.where()}: "
-                    "its one task waits for a free task slot, or its executor cannot start Python."
-                )
-            time.sleep(_LINK_POLL_S)
+        address = _host_address(run_session, operation, runner, app.where(), cancelled)
         log.info("%s: submitted; its host runs at %s:%d (%s)", runner, address.host, address.port, ident.describe())
-        job = Job(ident, run_session, address, progress_sink, on_mlflow_run=on_mlflow_run)
-        job._connect()
+        job = Job(ident, run_session, progress_sink, on_mlflow_run=on_mlflow_run)
+        job._connect(address)
         if credentials is not None:
             _hand_over(job, credentials)
     except BaseException:
-        try:
-            interrupt_tag(run_session, tag, CANCEL_CALL_S)
-        finally:
-            _release(run_session, ranks_session)
+        _end(run_session, tag, ranks_session)
         raise
     _close_channel(ranks_session)  # (the session stays: the host has it)
     return job
+
+
+def _host_address(
+    run_session: SparkSession, operation: _Operation, runner: str, where: str, cancelled: Callable[[], bool]
+) -> LinkAddress:
+    """Where the run's host listens, once it published it; LaunchError naming why it could not start (what it
+    published in its place, or its operation's error), RunCancelledError, or LaunchError after
+    ``HOST_START_TIMEOUT_S``."""
+    from ..driver.launch.spark.cluster import summary
+
+    deadline = time.monotonic() + HOST_START_TIMEOUT_S
+    while True:
+        session_gone: Exception | None = None
+        try:
+            value = published(run_session.conf.get(LINK_CONF, None))
+        except Exception as exc:  # noqa: BLE001 - the session was released: the operation's end says why
+            value, session_gone = None, exc
+            operation.thread.join(_OPERATION_END_WAIT_S)
+        if isinstance(value, LinkAddress):
+            return value
+        if isinstance(value, HostGone):
+            raise LaunchError(f"{runner}: the run's host could not start {where}: {value.cause}")
+        if session_gone is not None or operation.error is not None or not operation.thread.is_alive():
+            why = summary(operation.error or session_gone or "its operation ended", first_line=True)
+            raise LaunchError(f"{runner}: the run's host could not start {where}: {why}")
+        if cancelled():
+            raise RunCancelledError(f"{runner}: the run was cancelled before its ranks started")
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"{runner}: the run's host did not start within {HOST_START_TIMEOUT_S:g}s {where}: its one "
+                "task waits for a free task slot, or its executor cannot start Python."
+            )
+        time.sleep(_LINK_POLL_S)
+
+
+def _end(run_session: SparkSession, tag: str, ranks_session: SparkSession) -> None:
+    """End the run's operation and release its two sessions, after a failure that is the caller's to raise: an
+    error here is logged, never raised in its place."""
+    from ..driver.launch.spark.connect import CANCEL_CALL_S
+    from ..driver.launch.spark.connect_client import interrupt_tag
+
+    try:
+        interrupt_tag(run_session, tag, CANCEL_CALL_S)
+    except Exception as exc:  # noqa: BLE001 - the session may be gone already (the host released it)
+        log.debug("interrupting the run's operation after its start failed: %s", exc)
+    _release(run_session, ranks_session)
+
+
+def _release(*sessions: SparkSession) -> None:
+    for session in sessions:
+        try:
+            release(session)
+        except Exception as exc:  # noqa: BLE001 - released already (the host's end releases both)
+            log.debug("releasing a session of the run after its start failed: %s", exc)
 
 
 def _hand_over(job: Job, credentials: Credentials) -> None:

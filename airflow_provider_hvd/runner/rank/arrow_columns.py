@@ -136,11 +136,12 @@ def _vector_lengths(array: pa.StructArray) -> NDArray[Any]:
     return lengths
 
 
-def row_lengths_differ(chunks: list[pa.Array], kind: str) -> bool:
-    """Whether an array or vector column's rows, over the whole shard (its record batches ``chunks``), are not
-    all of one length or hold a null: then every batch gives 1-D objects, else 2-D (never one, then the other)."""
+def row_length(chunks: list[pa.Array], kind: str) -> int | None:
+    """The one length of every row of an array or vector column over the whole shard (its record batches
+    ``chunks``), or None where they are not all of one length or one is null: then every batch gives 1-D objects,
+    else 2-D (never one, then the other)."""
     if any(chunk.null_count for chunk in chunks):
-        return True
+        return None
     lengths: set[int] = set()
     for chunk in chunks:
         if isinstance(chunk, pa.DictionaryArray):
@@ -153,8 +154,8 @@ def row_lengths_differ(chunks: list[pa.Array], kind: str) -> bool:
             found = np.diff(chunk.offsets.to_numpy())
         lengths.update(np.unique(found).tolist())
         if len(lengths) > 1:
-            return True
-    return False
+            return None
+    return int(next(iter(lengths), 0))
 
 
 def _vectors(array: pa.StructArray, ragged: bool | None = None) -> NDArray[Any]:
@@ -208,12 +209,26 @@ def with_nulls_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
     return None
 
 
+def shard_dtype(chunks: list[pa.Array], kind: str) -> np.dtype[Any] | None:
+    """The dtype every batch of a column of the shard (its record batches ``chunks``) gives, where a null changes
+    it (:func:`with_nulls_dtype`): a scalar column's with a null anywhere in the shard, an array column's
+    elements' with a null element anywhere in it (a null row is ``None``, whatever its elements); None
+    otherwise. From the batches' null counts (metadata: nothing is read)."""
+    if not chunks or kind == "vector":  # (a vector's values are never null: VectorUDT's doubles)
+        return None
+    if kind == "scalar":
+        return with_nulls_dtype(chunks[0].type) if any(chunk.null_count for chunk in chunks) else None
+    values = [chunk.values for chunk in chunks]  # (the elements of every row, null rows' too)
+    return with_nulls_dtype(values[0].type) if any(chunk.null_count for chunk in values) else None
+
+
 def to_numpy(
     array: pa.Array, kind: str, dtype: np.dtype[Any] | None = None, ragged: bool | None = None
 ) -> NDArray[Any]:
-    """One column's rows (an Arrow array of :func:`column_kind` ``kind``) as NumPy; a scalar column as ``dtype``
-    when given (:func:`with_nulls_dtype`: the same in a batch without a null as in one with); an array or vector
-    column 2-D or objects as ``ragged`` says (:func:`row_lengths_differ`: the same in every batch)."""
+    """One column's rows (an Arrow array of :func:`column_kind` ``kind``) as NumPy; a scalar column, or an array
+    column's elements, as ``dtype`` when given (:func:`shard_dtype`: the same in a batch without a null as in one
+    with); an array or vector column 2-D or objects as ``ragged`` says (:func:`row_length`: the same in
+    every batch)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     if isinstance(array, pa.DictionaryArray):
@@ -224,4 +239,4 @@ def to_numpy(
     if kind == "vector":
         return _vectors(array, ragged)
     flat, offsets = _list_values(array)
-    return _rows_2d(flat, offsets, _valid(array), ragged)
+    return _rows_2d(flat if dtype is None else flat.astype(dtype, copy=False), offsets, _valid(array), ragged)

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from ..shared.arrow_views import fixed_width_view
 from ..shared.shards import ShardInfo
-from .arrow_columns import column_kind, row_lengths_differ, to_numpy, with_nulls_dtype
+from .arrow_columns import column_kind, row_length, shard_dtype, to_numpy
+from .arrow_gather import Layout, MappedFile, UniformRows
 
 if TYPE_CHECKING:
     import torch
@@ -33,30 +34,33 @@ _NO_SHARD = (
 class _Column:
     """One column over the shard's record batches: slices of consecutive rows, or rows gathered by index."""
 
-    def __init__(self, name: str, chunks: list[pa.Array], base: int, kind: str) -> None:
+    def __init__(self, name: str, chunks: list[pa.Array], file: MappedFile, kind: str) -> None:
         self.name = name
         self.kind = kind
         self.chunked = pa.chunked_array(chunks, type=chunks[0].type) if chunks else None
-        # one dtype for the whole shard, from its nulls (the batches' null counts: metadata, nothing is read)
-        nulls = any(chunk.null_count for chunk in chunks)
-        self.dtype = with_nulls_dtype(chunks[0].type) if nulls and kind == "scalar" else None
+        # one dtype for the whole shard, from its nulls (the batches' null counts: metadata, nothing is read): a
+        # scalar's, or an array's elements'
+        self.dtype = shard_dtype(chunks, kind)
         # 2-D or objects for the whole shard, from its rows' lengths (the offsets only: no values are read)
-        self.ragged = row_lengths_differ(chunks, kind) if kind != "scalar" and chunks else None
+        length = row_length(chunks, kind) if kind != "scalar" and chunks else None
+        self.ragged = None if kind == "scalar" or not chunks else length is None
         views = [fixed_width_view(chunk) for chunk in chunks] if kind == "scalar" else []
         fixed = [view for view in views if view is not None]
         self.views: list[NDArray[Any]] | None = fixed if fixed and len(fixed) == len(views) else None
-        self.file: NDArray[Any] | None = None  # the whole file as this column's dtype (for gathers in place)
-        self.starts: NDArray[np.int64] | None = None  # each chunk's first element in ``file``
+        self.file = file
+        self.in_place: NDArray[Any] | None = None  # the whole file as this column's dtype (for gathers in place)
+        self.starts: NDArray[np.int64] | None = None  # each chunk's first element in ``in_place``
         if self.views:
-            item = self.views[0].dtype.itemsize
-            addresses = np.array([v.__array_interface__["data"][0] for v in self.views], dtype=np.int64) - base
-            if not (addresses % item).any():
-                self.starts = addresses // item
-
-    def attach(self, file: pa.Buffer) -> None:
-        if self.starts is not None and self.views:
             dtype = self.views[0].dtype
-            self.file = np.frombuffer(file, dtype=dtype, count=file.size // dtype.itemsize)
+            addresses = np.array([v.__array_interface__["data"][0] for v in self.views], dtype=np.int64)
+            addresses -= file.address
+            if not (addresses % dtype.itemsize).any():
+                self.starts = addresses // dtype.itemsize
+                self.in_place = file.words(dtype.itemsize).view(dtype)
+        # the other columns' gathers read the rows' own buffers in the file (.arrow_gather): a 2-D column's its
+        # elements at once, the others' an Arrow array of the column's type
+        self.uniform = UniformRows.of(chunks, kind, length, file) if length and self.dtype is None else None
+        self.layout = Layout.of(chunks, file) if chunks and self.starts is None and self.uniform is None else None
 
     def rows(self, pieces: list[tuple[int, int, int]]) -> NDArray[Any]:
         """Consecutive rows: ``pieces`` are (chunk, start, stop) within chunks."""
@@ -70,12 +74,19 @@ class _Column:
         return to_numpy(arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays), self.kind, self.dtype, self.ragged)
 
     def gather(self, rows: NDArray[np.int64], chunk_of: NDArray[np.int64], within: NDArray[np.int64]) -> NDArray[Any]:
-        """The rows at shard indices ``rows`` (in chunk ``chunk_of``, at ``within``), in that order."""
-        if self.file is not None and self.starts is not None:
-            gathered: NDArray[Any] = self.file[self.starts[chunk_of] + within]
+        """The rows at shard indices ``rows`` (in chunk ``chunk_of``, at ``within``), in that order: only what
+        they hold is read, whatever the shard's size."""
+        if self.in_place is not None and self.starts is not None:
+            gathered: NDArray[Any] = self.in_place[self.starts[chunk_of] + within]
             return gathered
-        assert self.chunked is not None
-        return to_numpy(self.chunked.take(pa.array(rows)), self.kind, self.dtype, self.ragged)
+        if self.uniform is not None:
+            return self.uniform.gather(chunk_of, within)
+        if self.layout is not None:
+            array = self.layout.gather(self.file, chunk_of, within)
+        else:  # (buffers outside the file: Arrow's take, which copies the whole column)
+            assert self.chunked is not None
+            array = self.chunked.take(pa.array(rows))
+        return to_numpy(array, self.kind, self.dtype, self.ragged)
 
 
 class DataFrameShard:
@@ -93,6 +104,7 @@ class DataFrameShard:
         self.total_rows = info.total_rows
         self.min_rows = info.min_rows
         self._file = pa.memory_map(info.path).read_buffer()  # the whole file, mapped: nothing is read yet
+        self._mapped = MappedFile(self._file)
         reader = pa.ipc.open_stream(self._file)
         self.schema: pa.Schema = reader.schema
         self._batches = list(reader)  # (their buffers are slices of the mapped file)
@@ -112,8 +124,7 @@ class DataFrameShard:
             field = self.schema.field(name)
             kind = column_kind(name, field.type)
             position = self.schema.get_field_index(name)
-            column = _Column(name, [b.column(position) for b in self._batches], self._file.address, kind)
-            column.attach(self._file)
+            column = _Column(name, [b.column(position) for b in self._batches], self._mapped, kind)
             self._columns[name] = column
         return column
 

@@ -12,6 +12,7 @@ import math
 import numbers
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..shared.messages import RankCheckpoint, RankMetrics
@@ -33,6 +34,18 @@ def _number(name: str, value: Any) -> float | None:
     except (TypeError, ValueError) as exc:  # a tensor of several values
         raise TypeError(f"log_metrics(): {name} is not one number ({exc}); pass a float") from None
     return number if math.isfinite(number) else None
+
+
+def numeric(values: Mapping[str, Any] | None) -> dict[str, float]:
+    """The values that are one number each (floats, ints, NumPy scalars, one-element tensors), as floats: what of a
+    framework's logs can be a curve (not a string, nor an array of several values)."""
+    found = {}
+    for name, value in (values or {}).items():
+        try:
+            found[name] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+    return found
 
 
 def log_metrics(step: int | float, **metrics: Any) -> None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 
-def _fixed_width_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
+def fixed_width_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
     """The NumPy dtype whose layout is Arrow's for ``data_type`` (numbers, timestamps, durations), else None."""
     if pat.is_integer(data_type):
         return np.dtype(f"{'i' if pat.is_signed_integer(data_type) else 'u'}{data_type.bit_width // 8}")
@@ -33,7 +33,7 @@ def _fixed_width_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
 def fixed_width_view(array: pa.Array) -> NDArray[Any] | None:
     """``array``'s values in place (a read-only view of its buffer, as Arrow's buffers are immutable), where its
     layout is NumPy's: numbers without nulls, timestamps, durations; None for the others."""
-    dtype = _fixed_width_dtype(array.type)
+    dtype = fixed_width_dtype(array.type)
     if dtype is None or array.null_count:
         return None
     buffer = array.buffers()[1]

@@ -59,12 +59,16 @@ class RemoteError:
     message: str
     traceback: str
     at: float | None = None  # when it was caught, by the wall clock of the host it was raised on (time.time())
+    # its class and bases, "module.QualName" each (builtins.ValueError, builtins.Exception): what restart_on_exceptions
+    # matches, as an ``except`` clause would
+    classes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, exc: BaseException) -> RemoteError:
         import traceback
 
-        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)), at=time.time())
+        classes = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c not in (BaseException, object)]
+        return cls(type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc)), time.time(), classes)
 
     def line(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type
@@ -92,6 +96,18 @@ class Hello(Message):
         if self.executor is None:
             return f"on {self.host}"
         return f"in Spark task {self.partition} (attempt {self.attempt}) on executor {self.executor} ({self.host})"
+
+
+@dataclass(frozen=True)
+class ShardProgress(Message):
+    """A run on a DataFrame: Spark task ``task``'s rows written to its ranks' shards so far, from a connection of
+    its own while they stream in (before its agents say hello); the last one says ``done``."""
+
+    KIND: ClassVar[Kind] = Kind.SHARD_PROGRESS
+    task: int
+    rows: int
+    bytes: int
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,6 +299,7 @@ _BY_KIND: dict[Kind, type[Message]] = {
 _BY_KIND.update({cls.KIND: cls for cls in (Metrics, RankMetrics, Checkpoint, RankCheckpoint)})
 _BY_KIND.update({AgentAlive.KIND: AgentAlive, DriverAlive.KIND: DriverAlive})
 _BY_KIND[Returned.KIND] = Returned
+_BY_KIND[ShardProgress.KIND] = ShardProgress
 _BY_KIND.update({cls.KIND: cls for cls in (RankState, DumpStacks, RankReady)})
 
 

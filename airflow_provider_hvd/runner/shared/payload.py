@@ -1,4 +1,5 @@
-"""Pickling the job once, with the user's own modules by value so that ranks need not import them.
+"""Pickling the job once, with the user's own modules by value so that ranks need not import them (their code
+keeping its file and lines: :mod:`.code_source`).
 
 Before anything starts, the job's size is logged, a large job is warned about with its largest parts, and
 a job that cannot be pickled is refused with where the problem sits and what to do instead. The job does not
@@ -24,7 +25,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import wire
+from . import code_source, wire
 from .naming import HOROVOD_RUNNER
 from .pickling_report import (
     find_unpicklable,
@@ -192,7 +193,7 @@ def dumps_callable(fn: Callable[..., Any], what: str) -> bytes:
     naming ``what`` when it cannot be pickled."""
     with _BY_VALUE_LOCK, _by_value(_modules_by_value(fn)):
         try:
-            pickled: bytes = cloudpickle.dumps(fn)
+            pickled = code_source.dumps(fn)
         except MemoryError:
             raise
         except Exception as exc:
@@ -222,7 +223,7 @@ def dumps_job(
     """
     with _BY_VALUE_LOCK, _by_value(_modules_by_value(fn)):
         try:
-            payload: bytes = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+            payload = code_source.dumps((fn, tuple(args), dict(kwargs)))
         except MemoryError:
             raise
         except Exception as exc:

@@ -20,6 +20,8 @@ import cloudpickle
 # cloudpickle's own answers (pinned <3.2): does a function go by reference, and what it carries by value
 from cloudpickle.cloudpickle import _function_getstate, _should_pickle_by_reference
 
+from .code_source import JobPickler
+
 _ARROW = " → "
 _MAX_DEPTH = 100
 _repr = reprlib.Repr()
@@ -40,9 +42,9 @@ class _ByteCounter:
 
 
 def pickled_size(obj: Any) -> int:
-    """The number of bytes ``cloudpickle.dumps(obj)`` would return, counted as they are written."""
+    """The number of bytes the job's pickler (:mod:`.code_source`) writes for ``obj``, counted as they are written."""
     counter = _ByteCounter()
-    cloudpickle.Pickler(counter, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    JobPickler(counter).dump(obj)
     return counter.size
 
 

@@ -34,6 +34,27 @@ CONNECT_TIMEOUT_S = 30.0
 # the heartbeat timeout names such an agent first.
 SEND_TIMEOUT_S = 30.0
 
+# -- how a run starts -----------------------------------------------------------------------------------------
+
+# start_timeout's default: every rank's agent has connected and said hello within this (its Spark task has its
+# slot and reaches the driver). A DataFrame's rows are not counted in it: the time Spark spends computing them for
+# the barrier job and streaming them into the shards goes by before the ranks' clock starts (docs/dataframes.md).
+DEFAULT_START_TIMEOUT_S = 120.0
+
+# A barrier task streaming its rows into its ranks' shards tells the driver how far it got at most this often
+# (and once it is done): the driver's log of the DataFrame's progress, and its start clock, read these reports.
+FEED_REPORT_S = 2.0
+
+# A Spark Connect server reports an operation's progress (its stages' tasks) every
+# spark.connect.progress.reportInterval, 2 s by default: until its first report, at most this long, the barrier
+# job's operation counts as at work on a DataFrame's rows (else a short start_timeout would run out before the
+# server said a word).
+CONNECT_FIRST_PROGRESS_S = 5.0
+
+# While a DataFrame's rows are prepared (counted, computed for the barrier job, streamed into the shards), the
+# driver logs how far they got this often: a real table takes minutes, and the log must not look hung.
+FEED_LOG_S = 10.0
+
 # -- how a run ends -------------------------------------------------------------------------------------------
 
 # After the first failure, the reports racing it are awaited this long before the cause is named: the failing
@@ -48,6 +69,11 @@ LAUNCH_FAILURE_SETTLE_S = 1.0
 # Once the cause is named, the driver waits this long for the other ranks to end: their agents' SIGTERM grace
 # (TERMINATE_GRACE_S, then SIGKILL), what the ranks left running (LEFTOVER_GRACE_S), and some margin.
 ABORT_WAIT_S = 15.0
+
+# Once every rank of a run has succeeded, its launch's end is waited for this long (a Spark barrier job's tasks
+# end moments after their agents' reports), still hearing hellos: a task's own agent that comes late, after an
+# intruder took its place, fails the run before rank 0's result is read (docs/security.md). Then the run goes on.
+LAUNCH_END_WAIT_S = 30.0
 
 # A rank that reported its error but does not exit (a thread main left running) is ended after this. A rank
 # whose main returned is waited for instead: its exit work gets exit_timeout, once every rank returned.
@@ -80,6 +106,12 @@ STACKS_ANSWER_WAIT_S = 2.0
 # ~10 minutes later on Airflow's defaults (heartbeat timeout 300 s + retry delay 300 s), and must find the run.
 DEFAULT_DETACHED_TIMEOUT_S = 900.0
 
+# A finished run's outcome (rank 0's value, or its error) is kept this long after the run ended for the client that
+# owns it, attached or not (outcome_timeout): a deferred Airflow task resumes on a worker once the run ended, and
+# may wait hours for a worker slot or a pool first; a retry may come after the run ended. Meanwhile the host holds
+# its one task slot and the value's memory, so it is bounded: the host ends at once when a client fetched it.
+DEFAULT_OUTCOME_TIMEOUT_S = 21600.0  # 6 hours
+
 # The run's host makes an RPC in each of its Connect sessions this often: a session with no RPC for the server's
 # spark.connect.session.manager.defaultSessionTimeout (60 min by default) is closed, and its operations with it.
 SESSION_KEEPALIVE_S = 60.0
@@ -99,20 +131,40 @@ CREDENTIALS_WAIT_S = 60.0
 # the host's task slot is free for the next run within it.
 CANCELLED_OUTCOME_GRACE_S = 5.0
 
+# A host that could not start publishes its failure in the run's session, where submit() and attach() read it
+# (they look every 0.25 s), then waits until one of them released the session, at most this long, before it
+# releases it itself: a client that comes later finds nothing of the run, and the task slot is freed soon.
+HOST_FAILURE_SHOWN_S = 10.0
+
+# A host whose published link does not take the connection, while the run's session and operation are there: one
+# that is ending releases its session within its 10 s release call; one that was lost (its Python worker or
+# executor died) Spark names within seconds: its operation ends, or the task's next attempt marks the run lost
+# (after HEARTBEAT_TIMEOUT_S of its first attempt not answering). attach() waits this long for either before it
+# says that this process cannot reach the host (a route), or that Spark has not noticed the loss yet.
+HOST_UNREACHABLE_WAIT_S = 30.0
+
 __all__ = [
     "ABORT_WAIT_S",
     "CANCELLED_OUTCOME_GRACE_S",
+    "CONNECT_FIRST_PROGRESS_S",
     "CONNECT_TIMEOUT_S",
     "CREDENTIALS_WAIT_S",
     "DEFAULT_DETACHED_TIMEOUT_S",
     "DEFAULT_EXIT_TIMEOUT_S",
+    "DEFAULT_OUTCOME_TIMEOUT_S",
+    "DEFAULT_START_TIMEOUT_S",
     "EXIT_AFTER_REPORT_S",
+    "FEED_LOG_S",
+    "FEED_REPORT_S",
     "FINAL_WRITE_S",
     "GLOO_DEFAULT_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
+    "HOST_FAILURE_SHOWN_S",
     "HOST_START_TIMEOUT_S",
+    "HOST_UNREACHABLE_WAIT_S",
+    "LAUNCH_END_WAIT_S",
     "LAUNCH_FAILURE_SETTLE_S",
     "MIN_BEATS_PER_TIMEOUT",
     "REPORT_DELIVERY_S",

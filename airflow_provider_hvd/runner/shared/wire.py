@@ -43,6 +43,7 @@ class Kind(enum.IntEnum):
     CHECKPOINT = 8  # progress: a checkpoint a rank reported, relayed by its agent
     AGENT_ALIVE = 6  # heartbeat (.liveness)
     RETURNED = 11  # the rank's main returned; its process runs its exit work (driver/verdict/exits.py)
+    SHARD_PROGRESS = 15  # a run on a DataFrame: a barrier task's rows streamed into its shards so far
     # driver -> agent
     START = 10
     ABORT = 12

@@ -4,7 +4,9 @@ The shape of torch elastic's process contexts (``start``, ``poll``, ``close``): 
 (``np < 0``: agents as driver threads) and :class:`~.spark.barrier.SparkLauncher` (a Spark barrier job) behind
 it. What the launch knows and the channel does not (a Spark job that failed, Spark's reason for a task it ended)
 comes out of :meth:`Launcher.poll` as events (:mod:`..events`); how the run reacts to them is the supervisor's.
-A launcher imports nothing of the supervision (``tests/test_layout.py``).
+A launcher imports nothing of the supervision (``tests/test_layout.py``). The Spark launcher of a run on a
+DataFrame also has its ``shard_plan`` and ``spark_tasks()``, from which the supervisor follows the rows
+(:mod:`..watch.dataframe_progress`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Launcher(Protocol):
     def poll(self) -> list[LaunchEvent]:
         """What came of the launch since the last poll; called every loop of the supervisor, and once after
         :meth:`close`. Never waits."""
+
+    def ended(self) -> bool:
+        """Whether every agent the launch started has ended (a Spark job: it has ended). Never waits."""
 
     def close(self, reason: str | None) -> None:
         """End the launch: wait for the agents (None: every rank returned), or end them first, because of

@@ -80,6 +80,9 @@ class LocalLauncher:
         self._told = True
         return [LaunchFailed(self.describe(), f"a rank agent failed: {self._failure!r}", self._failure)]
 
+    def ended(self) -> bool:
+        return not any(thread.is_alive() for thread in self._threads)
+
     def memory_settings(self) -> dict[str, str]:
         return {}  # the ranks run beside the driver, bounded by this host's memory alone
 

@@ -42,6 +42,7 @@ from ...mlflow_settings import (
     user_info,
     without_user,
 )
+from ...settings import describe_checkpoint
 from ...shared.messages import Checkpoint, Message, Metrics
 from ...shared.timing import FINAL_WRITE_S
 from .writer import BoundedWriter
@@ -59,6 +60,8 @@ _BATCH_MAX = 1000  # MLflow's most metrics (and entities) in one log_batch
 _MAX_DUE = 100_000  # metric points waiting for a tracking server that does not take them: past this, dropped
 _VALID_NAME = re.compile(r"^[/\w.\- :]+$")  # the metric names MLflow accepts
 _TAG_MAX = 5000  # a tag value's most characters here (MLflow takes 8,000)
+_ATTEMPT_TEXT_MAX = 1000  # an attempt's cause and checkpoint, each, in its tag
+RESTARTS_METRIC = "hvd.restarts"  # a restarted run's restarts so far (its step: their count)
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
@@ -96,6 +99,19 @@ def _unreachable(tracking_uri: str) -> str | None:
     except OSError as exc:
         return f"no connection to {parts.hostname}:{port} within {MLFLOW_CONNECT_S:g}s ({exc})"
     return None
+
+
+def attempt_tag(record: Mapping[str, Any]) -> str:
+    """An attempt's record (``HorovodRunner.attempts``') as its tag's value: JSON, the checkpoint it resumed
+    from in words, its cause and checkpoint bounded."""
+    point = record.get("resumed_from")
+    cause = record.get("cause")
+    shown = {
+        **record,
+        "cause": None if cause is None else str(cause)[:_ATTEMPT_TEXT_MAX],
+        "resumed_from": None if point is None else describe_checkpoint(point)[:_ATTEMPT_TEXT_MAX],
+    }
+    return json.dumps(shown, default=str)
 
 
 def _first_line(error: BaseException) -> str:
@@ -146,6 +162,7 @@ class MlflowRun:
         self._warned = False
         self._skipped_names: set[str] = set()
         self._dropped = 0
+        self._attempt_tags: dict[str, str] = {}  # the attempts' tags queued so far (only a change is sent again)
         self._writer = BoundedWriter(threading.Thread(target=self._write_loop, name="hvd-mlflow-writer", daemon=True))
 
     # -- the driver's side ---------------------------------------------------------------------------------
@@ -216,6 +233,26 @@ class MlflowRun:
                     self._tags.update(tags)
         except Exception:  # noqa: BLE001
             log.debug("%s: could not take a report for MLflow", self.runner, exc_info=True)
+
+    def take_attempts(self, records: list[dict[str, Any]]) -> None:
+        """The record of each attempt (the run's controller, as each attempt starts and ends), once the run has
+        restarted: the metric ``hvd.restarts`` (the restarts so far) and a tag per attempt, ``hvd.attempt.<n>``
+        (:func:`attempt_tag`); never raises."""
+        if self.run_id is None or len(records) < 2:
+            return
+        try:
+            from mlflow.entities import Metric
+
+            restarts = len(records) - 1
+            tags = {f"hvd.attempt.{record['attempt']}": attempt_tag(record) for record in records}
+            with self._lock:
+                changed = {key: value for key, value in tags.items() if self._attempt_tags.get(key) != value}
+                if f"hvd.attempt.{restarts + 1}" not in self._attempt_tags:  # (this attempt's first word)
+                    self._metrics.append(Metric(RESTARTS_METRIC, restarts, int(time.time() * 1000), restarts))
+                self._attempt_tags.update(changed)
+                self._tags.update(changed)
+        except Exception:  # noqa: BLE001
+            log.debug("%s: could not take the attempts for MLflow", self.runner, exc_info=True)
 
     def _add_metrics(self, message: Metrics) -> None:
         from mlflow.entities import Metric

@@ -185,16 +185,28 @@ class RunProgress:
         self._sink = sink
         self._interval_s = interval_s
         self._lock = threading.Lock()
-        self._due = {"checkpoint": _Due(), "metrics": _Due()}  # the checkpoint first: see _write_due
+        self.attempts: list[dict[str, Any]] = []  # the record of each attempt (..restarts.controller)
+        self._first_steps: dict[int, float] = {}  # each attempt's first metrics step: where it resumed on the curve
+        self._due = {"checkpoint": _Due(), "metrics": _Due(), "restarts": _Due()}  # the checkpoint first: _write_due
         self._writer = BoundedWriter(threading.Thread(target=self._write_loop, name="hvd-progress-writer", daemon=True))
         self._flushed = False
         self._writing: str | None = None  # the key whose write is in the sink now
         self._abandoned = False  # flush gave up on the sink: no write starts after that (the run has ended)
         self._warned = False
 
+    def resume_point(self) -> dict[str, Any] | None:
+        """The checkpoint the ranks resume from: the latest any attempt of this run reported (``max_restarts``;
+        with the sink's ``try_number``, an Airflow task's), else ``resume_from``."""
+        with self._lock:
+            checkpoint = self.checkpoint
+        if checkpoint is None:
+            return self.resume_from
+        return {**checkpoint, "try_number": getattr(self._sink, "try_number", None)}
+
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets: the checkpoint they resume from."""
-        return {LAST_CHECKPOINT_ENV: json.dumps(self.resume_from)} if self.resume_from else {}
+        point = self.resume_point()
+        return {LAST_CHECKPOINT_ENV: json.dumps(point)} if point else {}
 
     def take(self, rank: int | None, message: Message) -> None:
         """A rank's report (the channel's thread); never raises: a bad report must not cut the agent off."""
@@ -204,6 +216,10 @@ class RunProgress:
                     with self._lock:
                         self.history.add(message.step, message.values, message.time)
                         self._due["metrics"].dirty = True
+                        attempt = self.attempts[-1]["attempt"] if self.attempts else 1
+                        if attempt not in self._first_steps:
+                            self._first_steps[attempt] = message.step
+                            self._due["restarts"].dirty = self._restarts_due()
             elif isinstance(message, Checkpoint):
                 record = checkpoint_record(rank, message)
                 with self._lock:
@@ -212,6 +228,22 @@ class RunProgress:
                 log.info("%s: rank %s reported the checkpoint %s", self._runner, rank, describe_checkpoint(record))
         except Exception:  # noqa: BLE001
             log.exception("%s: could not take a progress report of rank %s", self._runner, rank)
+
+    def take_attempts(self, records: list[dict[str, Any]]) -> None:
+        """The record of each attempt so far (the run's controller, as each attempt starts and ends); once the run
+        has restarted, it goes to a sink that keeps it (its ``restarts``) as the other keys do, each record with
+        the first step the metrics rank reported in that attempt (``first_step``, None before its first report)."""
+        with self._lock:
+            self.attempts = records
+            self._due["restarts"].dirty = self._restarts_due()
+
+    def _restarts_due(self) -> bool:
+        """Whether the run has restarted and the sink keeps its restarts (under the lock)."""
+        return len(self.attempts) > 1 and hasattr(self._sink, "restarts")
+
+    def _restarts(self) -> list[dict[str, Any]]:
+        """What a sink's ``restarts`` gets: each attempt's record with its ``first_step`` (under the lock)."""
+        return [{**record, "first_step": self._first_steps.get(record["attempt"])} for record in self.attempts]
 
     def tick(self) -> None:
         """Let the write worker write what changed, each key at most once every ``interval_s`` (the
@@ -267,7 +299,8 @@ class RunProgress:
 
     def _write_due(self) -> None:
         assert self._sink is not None
-        writes = {"checkpoint": self._sink.checkpoint, "metrics": self._sink.metrics}
+        sink = self._sink
+        writes = {"checkpoint": sink.checkpoint, "metrics": sink.metrics, "restarts": getattr(sink, "restarts", None)}
         # the checkpoint first: a run that fails right after reporting one must leave it behind
         for key, due in self._due.items():
             now = time.monotonic()
@@ -277,17 +310,21 @@ class RunProgress:
                     return  # a write after the run's end could overwrite what the caller recorded since
                 if not due.dirty or now < ready:
                     continue
+                value: Any
                 if key == "checkpoint":
                     value = dict(self.checkpoint) if self.checkpoint is not None else None
+                elif key == "restarts":
+                    value = self._restarts()
                 else:
                     max_bytes = getattr(self._sink, "max_bytes", SNAPSHOT_MAX_BYTES)
                     value = self.history.snapshot(max_bytes, rank=self.rank)
                 due.dirty, due.tried_at = False, now
-            if value is None:
+            write = writes[key]
+            if value is None or write is None:
                 continue
             self._writing = key
             try:
-                writes[key](value)
+                write(value)
             except Exception as exc:  # noqa: BLE001 - progress is best effort: the training goes on
                 with self._lock:
                     self._writing = None

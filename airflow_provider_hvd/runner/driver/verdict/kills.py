@@ -45,6 +45,27 @@ def _limits(evidence: dict[str, Any]) -> str:
     return "; ".join(parts) if parts else "none could be read"
 
 
+def _oom_seen(evidence: dict[str, Any]) -> list[str]:
+    """What the host showed of an OOM kill while the rank ran (nothing: no sign of one)."""
+    cgroup_kills, host_kills = evidence.get("cgroup_oom_kills"), evidence.get("host_oom_kills")
+    kernel = evidence.get("kernel_log") or []
+    seen = []
+    if cgroup_kills:
+        seen.append(f"its memory cgroup {evidence['cgroup']} counted {cgroup_kills} OOM kill(s) while it ran")
+    elif host_kills and cgroup_kills is None:  # the host's count is evidence only where the cgroup's is unknown
+        seen.append(f"the host counted {host_kills} OOM kill(s) while it ran (its memory cgroup's count is unknown)")
+    if kernel:
+        seen.append("the kernel log says: " + " | ".join(kernel))
+    return seen
+
+
+def killed_for_memory(evidence: dict[str, Any] | None) -> bool:
+    """Whether a rank killed by SIGKILL was, by what its host showed, killed by the kernel's OOM killer."""
+    if not evidence or evidence.get("signal") != "SIGKILL":
+        return False
+    return bool(_oom_seen(evidence))
+
+
 def describe_kill(evidence: dict[str, Any], runner: str = HOROVOD_RUNNER.runner) -> str:
     """The likely cause of a rank's death by a signal, with the evidence (one paragraph)."""
     name = evidence.get("signal", "a signal")
@@ -55,14 +76,7 @@ def describe_kill(evidence: dict[str, Any], runner: str = HOROVOD_RUNNER.runner)
     if name != "SIGKILL":
         return f"{name} came from outside {runner} (the cluster manager, the container's stop, or a person)."
     cgroup_kills, host_kills = evidence.get("cgroup_oom_kills"), evidence.get("host_oom_kills")
-    kernel = evidence.get("kernel_log") or []
-    seen = []
-    if cgroup_kills:
-        seen.append(f"its memory cgroup {evidence['cgroup']} counted {cgroup_kills} OOM kill(s) while it ran")
-    elif host_kills and cgroup_kills is None:  # the host's count is evidence only where the cgroup's is unknown
-        seen.append(f"the host counted {host_kills} OOM kill(s) while it ran (its memory cgroup's count is unknown)")
-    if kernel:
-        seen.append("the kernel log says: " + " | ".join(kernel))
+    seen = _oom_seen(evidence)
     if seen:
         text = "Likely cause: the kernel's OOM killer ended it for memory: " + "; ".join(seen) + "."
     else:

@@ -1,13 +1,14 @@
 """How a run ends, decided in one place (the driver's state machine; :mod:`.report` words the error).
 
 The supervisor feeds every event of a run to :class:`RunOutcome`. ``cancel()``, a launch that failed and a
-start that timed out end the run at once. A rank or agent that fails once the ranks run opens a short
-window (:data:`SETTLE_S`): the reports that race it arrive, and the cause is the earliest *real* failure by
-the time it happened at its source. Horovod's shutdown errors on the other ranks are consequences
-(:mod:`.consequences`); one is the cause only when no real failure is reported. What happens after the
-decision (ranks ended by the driver, the Spark job cancelled by the driver) is collateral and never replaces
-the cause, except that a real failure which happened before the decision, reported late, still wins over a
-consequence. The run's own cancellation of its Spark job is never a cause. The rule is in docs/failures.md.
+start that timed out end the run at once; an agent not of the job (``Intruded``) ends it even once every rank
+returned. A rank or agent that fails once the ranks run opens a short window (:data:`SETTLE_S`): the reports
+that race it arrive, and the cause is the earliest *real* failure by the time it happened at its source.
+Horovod's shutdown errors on the other ranks are consequences (:mod:`.consequences`); one is the cause only
+when no real failure is reported. What happens after the decision (ranks ended by the driver, the Spark job
+cancelled by the driver) is collateral and never replaces the cause, except that a real failure which
+happened before the decision, reported late, still wins over a consequence. The run's own cancellation of its
+Spark job is never a cause. The rule is in docs/failures.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..events import (
     Event,
     Failure,
     HostLost,
+    Intruded,
     RankFailed,
     RankSucceeded,
 )
@@ -103,6 +105,9 @@ class RunOutcome:
     def record(self, event: Event, now: float | None = None) -> Event | None:
         """Take an event (``now``: its time.monotonic()); returns the run's cause when this event decides it:
         then the run's other ranks are to be ended."""
+        if isinstance(event, Intruded) and self.cause is None:  # whatever the ranks did: rank 0's result is not read
+            self._end(event)
+            return event
         if isinstance(event, RankSucceeded):
             self.succeeded.add(event.rank)
             if self.phase is not Phase.SETTLING and len(self.succeeded) == self.size:

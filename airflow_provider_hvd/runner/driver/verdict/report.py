@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from ...errors import HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError, RunStalledError
+from ...errors import CauseKind, HorovodRunnerError, LaunchError, RankFailedError, RunCancelledError, RunStalledError
 from ...shared.messages import Done, RemoteError
 from ...shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ..events import (
@@ -24,7 +24,7 @@ from ..events import (
     StartTimedOut,
 )
 from .consequences import is_consequence_error
-from .kills import describe_kill
+from .kills import describe_kill, killed_for_memory
 from .outcome import RunOutcome, is_consequence_event
 from .stacks import where_ranks_were
 
@@ -123,28 +123,75 @@ def lost_after_return(event: AgentLost | HostLost, runner: str = HOROVOD_RUNNER.
     return f"{runner}: {what} in the exit work (atexit handlers...): {detail}"
 
 
+def cause_kind(cause: Event, before_start: bool) -> CauseKind:
+    """What kind of cause ``cause`` is (``before_start``: it came before every rank had started), as the run's
+    error says it (``cause_kind``): what a restart policy reads."""
+    if isinstance(cause, Cancelled):
+        return CauseKind.CANCELLED
+    if isinstance(cause, Stalled):
+        return CauseKind.STALL
+    if isinstance(cause, StartTimedOut):
+        return CauseKind.NOT_STARTED
+    if isinstance(cause, LaunchFailed):  # before the start, Spark had given up on its own retries of the tasks
+        return CauseKind.LAUNCH if before_start else CauseKind.SPARK_JOB
+    if isinstance(cause, AgentFailed):
+        return CauseKind.AGENT_FAILED
+    if isinstance(cause, AgentLost):
+        return CauseKind.AGENT_LOST
+    if isinstance(cause, HostLost):
+        return CauseKind.HOST_LOST
+    assert isinstance(cause, RankFailed)
+    if is_consequence_event(cause):
+        return CauseKind.PEER_LOST
+    done = cause.done
+    if done.error is not None:
+        return CauseKind.EXCEPTION
+    if done.exit_code < 0:
+        return CauseKind.OOM if killed_for_memory(cause.kill_evidence) else CauseKind.SIGNAL
+    return CauseKind.EXIT
+
+
 def run_error(
     outcome: RunOutcome,
     spark_reason: SparkReason = lambda task: None,
     kind: str = "Horovod",
     naming: RunnerNaming = HOROVOD_RUNNER,
 ) -> HorovodRunnerError | None:
-    """The error the run raises (None: it succeeded). ``spark_reason`` says why Spark ended a task, if known;
-    ``kind`` names the ranks (``"Horovod rank 1 of 2 failed"``, ``"torch.distributed rank 1 of 2 failed"``),
-    ``naming`` the runner."""
+    """The error the run raises (None: it succeeded), its ``cause_kind`` set. ``spark_reason`` says why Spark
+    ended a task, if known; ``kind`` names the ranks (``"Horovod rank 1 of 2 failed"``, ``"torch.distributed rank
+    1 of 2 failed"``), ``naming`` the runner."""
     cause, others = outcome.verdict()
     if cause is None:
         return None
+    error = _error(outcome, cause, others, spark_reason, kind, naming)
+    error.cause_kind = cause_kind(cause, not outcome.started_before_cause)
+    return error
+
+
+def _error(
+    outcome: RunOutcome, cause: Event, others: list[Event], spark_reason: SparkReason, kind: str, naming: RunnerNaming
+) -> HorovodRunnerError:
+    before_start = not outcome.started_before_cause
     if isinstance(cause, Cancelled):
-        return RunCancelledError(f"{naming.runner}: the run was cancelled; every rank was ended")
+        if cause.dataframe is not None:
+            return RunCancelledError(
+                f"{naming.runner}: the run was cancelled before its ranks started (at that moment: {cause.dataframe})"
+            )
+        when = " before its ranks started" if before_start else "; every rank was ended"
+        return RunCancelledError(f"{naming.runner}: the run was cancelled{when}")
     if isinstance(cause, Stalled):
         return stall_error(cause, naming.runner)
     if isinstance(cause, StartTimedOut):
-        return LaunchError(
-            f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what}); "
-            "the cluster may be short of task slots or the executors cannot reach this driver"
+        dataframe = (
+            ""
+            if cause.dataframe is None
+            else f", not counting the time Spark worked on the DataFrame's rows (at that moment: {cause.dataframe})"
         )
-    before_start = not outcome.started_before_cause
+        return LaunchError(
+            f"only {cause.started} of {cause.size} ranks had started after {cause.seconds:.0f}s ({cause.what})"
+            f"{dataframe}; the cluster may be short of task slots or the executors cannot reach this driver "
+            "(start_timeout)"
+        )
     if isinstance(cause, LaunchFailed):
         error = LaunchError if before_start else HorovodRunnerError
         exc = error(f"{cause.what} failed: {cause.reason}")
@@ -190,9 +237,11 @@ def run_error(
         parts.append(f"--- remote traceback (rank {cause.rank}) ---\n{done.error.traceback.rstrip()}")
     if done.tail:
         parts.append(f"--- last {len(done.tail)} lines of rank {cause.rank}'s output ---\n" + "\n".join(done.tail))
-    return _rank_failed(
+    failed = _rank_failed(
         cause.rank, "\n".join(parts), lines, done.exit_code, done.error.traceback if done.error else None, done.tail
     )
+    failed.exception_types = tuple(done.error.classes) if done.error else ()
+    return failed
 
 
 def _rank_failed(

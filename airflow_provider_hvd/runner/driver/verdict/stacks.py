@@ -1,11 +1,8 @@
-"""Where each rank was, from its Python stacks (faulthandler's dump), in words; and the files of the code shipped
-by value put back in those stacks (cloudpickle drops them)."""
+"""Where each rank was, from its Python stacks (faulthandler's dump), in words."""
 
 from __future__ import annotations
 
-import functools
 import re
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,65 +73,3 @@ def _indent(text: str) -> str:
 
 def where_ranks_were(ranks: Sequence[StalledRank]) -> str:
     return "\n".join(where_rank_was(rank) for rank in sorted(ranks, key=lambda r: (-r.quiet_s, r.rank)))
-
-
-# the files of code shipped by value (cloudpickle names it "<dynamic-code>")
-
-_DYNAMIC_FRAME = re.compile(r'File "<dynamic-code>", line (\d+) in (\S+)')
-_MAX_CODES = 2000
-
-
-class CodeFiles:
-    """Where the functions shipped by value were written: cloudpickle drops their file names (every frame of
-    them says ``<dynamic-code>``), but keeps their names and line numbers, so the driver can put the names back."""
-
-    def __init__(self, *roots: object) -> None:
-        self._spans: dict[str, list[tuple[int, int, str]]] = {}
-        seen: set[int] = set()
-        todo = list(roots)
-        while todo and len(seen) < _MAX_CODES:
-            obj = todo.pop()
-            if id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            code = getattr(obj, "__code__", None)
-            if isinstance(obj, types.CodeType):
-                code, obj = obj, None
-            if code is None:
-                if isinstance(obj, (list, tuple)):
-                    todo.extend(obj)
-                elif isinstance(obj, dict):
-                    todo.extend(obj.values())
-                elif isinstance(obj, functools.partial):
-                    todo.extend((obj.func, obj.args, obj.keywords))
-                continue
-            lines = [line for _, _, line in code.co_lines() if line is not None]
-            self._spans.setdefault(code.co_name, []).append(
-                (min(lines, default=code.co_firstlineno), max(lines, default=code.co_firstlineno), code.co_filename)
-            )
-            todo.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
-            if obj is not None:
-                names = getattr(obj, "__globals__", {})
-                todo.extend(names[name] for name in code.co_names if callable(names.get(name)))
-                todo.extend(cell.cell_contents for cell in getattr(obj, "__closure__", None) or () if _filled(cell))
-
-    def file_of(self, func: str, line: int) -> str | None:
-        files = {file for first, last, file in self._spans.get(func, ()) if first <= line <= last}
-        return files.pop() if len(files) == 1 else None
-
-    def restore(self, dump: str) -> str:
-        """``dump`` with each ``<dynamic-code>`` frame naming its file, where it is known."""
-
-        def real(match: re.Match[str]) -> str:
-            file = self.file_of(match[2], int(match[1]))
-            return f'File "{file}", line {match[1]} in {match[2]}' if file else match[0]
-
-        return _DYNAMIC_FRAME.sub(real, dump)
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018
-    except ValueError:
-        return False
-    return True

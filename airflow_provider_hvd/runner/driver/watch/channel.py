@@ -1,4 +1,5 @@
-"""The driver-side channel: one authenticated TCP connection per rank agent carries hello, logs, result, done.
+"""The driver-side channel: one authenticated TCP connection per rank agent carries hello, logs, result, done
+(and, in a run on a DataFrame, one per barrier task while its rows stream into its shards: how far they got).
 
 One thread serves every connection (a selector loop): a run of 1,000 ranks costs the driver one thread, not
 1,000. A connection must prove the run's secret within the handshake timeout before any frame of it is read;
@@ -50,12 +51,13 @@ from ...shared.messages import (
     RankState,
     Result,
     Returned,
+    ShardProgress,
     Start,
     decode,
     frame,
 )
 from ...shared.naming import HOROVOD_RUNNER
-from ...shared.rank_tag import RANK_LINE, RANK_TAG
+from ...shared.rank_tag import rank_line, rank_tag
 from ...shared.timing import SEND_TIMEOUT_S
 from ...shared.tls import PLAIN, Session, server_session
 from ...shared.wire import AuthenticationError, DriverHandshake, FrameDecoder
@@ -68,25 +70,27 @@ rank_log.setLevel(logging.INFO)  # on its own level: relayed lines show wherever
 RECORD_CHARS = 1 << 18  # a record holds a batch's lines up to about this many characters
 
 
-def log_rank_lines(rank: int | None, lines: list[str]) -> None:
-    """Log a batch of rank ``rank``'s lines in order, each tagged ``[rank N]``, in as few records as hold them.
+def log_rank_lines(rank: int | None, lines: list[str], attempt: int = 1) -> None:
+    """Log a batch of rank ``rank``'s lines in order, each tagged ``[rank N]`` (``[rank N, attempt K]`` after a
+    run's first attempt), in as few records as hold them.
 
     A record per line costs ~15 µs (more through a task log's structured formatter): a flood of output would
     hold the driver up. A record's message is its lines, each tagged, one a line; its ``args`` are the rank and
-    the text after the first tag; ``rank_lines`` holds the lines themselves, for a handler that wants them.
+    the text after the first tag; ``rank_lines`` holds the lines themselves, and ``attempt`` the run's attempt,
+    for a handler that wants them.
     """
-    joiner = "\n" + RANK_TAG % rank + " "
+    joiner, line = "\n" + rank_tag(attempt) % rank + " ", rank_line(attempt)
     if not lines:
         return  # (a batch that only counts dropped lines)
     if sum(map(len, lines)) <= RECORD_CHARS:
-        rank_log.info(RANK_LINE, rank, joiner.join(lines), extra={"rank_lines": lines})
+        rank_log.info(line, rank, joiner.join(lines), extra={"rank_lines": lines, "attempt": attempt})
         return
     start, total = 0, 0
     for end, text in enumerate(lines, 1):
         total += len(text)
         if total > RECORD_CHARS or end == len(lines):
             chunk = lines[start:end]
-            rank_log.info(RANK_LINE, rank, joiner.join(chunk), extra={"rank_lines": chunk})
+            rank_log.info(line, rank, joiner.join(chunk), extra={"rank_lines": chunk, "attempt": attempt})
             start, total = end, 0
 
 
@@ -246,10 +250,11 @@ def _ready(sock: socket.socket, events: int) -> bool:
 
 @dataclass(frozen=True)
 class ChannelEvent:
-    """An agent said hello, its rank returned, it reported (Done or AgentFailed), or its connection ended before."""
+    """An agent said hello, its rank returned, it reported (Done or AgentFailed), or its connection ended before; or
+    a barrier task's connection told how far its shards got (ShardProgress)."""
 
     conn: AgentConnection
-    message: Hello | Returned | Done | AgentFailed | None  # None: lost
+    message: Hello | Returned | Done | AgentFailed | ShardProgress | None  # None: lost
     lost: str = ""
     silent_for: float | None = None  # lost because nothing came from it for this long (heartbeat timeout)
 
@@ -267,9 +272,11 @@ class DriverChannel:
         liveness: Liveness | None = None,
         tls: ssl.SSLContext | None = None,
         runner: str = HOROVOD_RUNNER.runner,
+        attempt: int = 1,
     ) -> None:
         self._listener = listening_socket(host, port, LISTEN_BACKLOG)  # first: nothing to undo if taken
         self._runner = runner  # the first word of its log lines
+        self._attempt = attempt  # the run's attempt (max_restarts): its ranks' lines are tagged with it after the first
         make_room_for_connections(agents, self._runner)
         self.events: queue.Queue[ChannelEvent] = queue.Queue()
         self.on_progress: Callable[[int | None, Message], None] | None = None  # a rank's metrics or checkpoint
@@ -516,7 +523,7 @@ class DriverChannel:
         elif isinstance(message, (Metrics, Checkpoint)):
             if self.on_progress is not None:
                 self.on_progress(conn.rank, message)
-        elif isinstance(message, (Hello, Returned)):
+        elif isinstance(message, (Hello, Returned, ShardProgress)):
             if isinstance(message, Hello):
                 conn.hello = message
             self.events.put(ChannelEvent(conn, message))
@@ -532,17 +539,17 @@ class DriverChannel:
         self._drop(conn)
         self.events.put(ChannelEvent(conn, None, lost=why, silent_for=silent_for))
 
-    @staticmethod
-    def _relay(conn: AgentConnection, batch: LogBatch) -> None:
+    def _relay(self, conn: AgentConnection, batch: LogBatch) -> None:
         if batch.dropped:
             conn.lines_dropped += batch.dropped
+            dropped = " %d lines of output were dropped here: the driver did not keep up (%d in all)"
             rank_log.warning(
-                RANK_TAG + " %d lines of output were dropped here: the driver did not keep up (%d in all)",
+                rank_tag(self._attempt) + dropped,
                 conn.rank,
                 batch.dropped,
                 conn.lines_dropped,
             )
-        log_rank_lines(conn.rank, batch.lines)
+        log_rank_lines(conn.rank, batch.lines, self._attempt)
 
     def close(self) -> None:
         """Stop listening and close every connection (agents still running end their ranks); wait for the loop."""

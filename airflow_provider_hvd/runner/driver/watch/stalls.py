@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from ...shared.timing import STACKS_WAIT_S
 from ..events import Stalled, StalledRank
-from ..verdict.stacks import CodeFiles
 
 if TYPE_CHECKING:
     from .channel import AgentConnection
@@ -40,38 +39,36 @@ def ask_for_stacks(conns: Sequence[AgentConnection]) -> None:
         conn.dump_stacks()
 
 
-def answers(conns: Sequence[AgentConnection], now: float, files: CodeFiles | None) -> tuple[StalledRank, ...]:
+def answers(conns: Sequence[AgentConnection], now: float) -> tuple[StalledRank, ...]:
     """Each connection's answer so far (a missing one says so)."""
     found = []
     for conn in conns:
         answer = conn.stacks_answer
-        stacks = answer.stacks if answer else None
         found.append(
             StalledRank(
                 conn.rank,  # type: ignore[arg-type]
                 max(0.0, now - conn.last_active),
-                files.restore(stacks) if files and stacks else stacks,
+                answer.stacks if answer else None,
                 answer.no_stacks if answer else f"its agent did not answer within {STACKS_WAIT_S:.0f}s",
             )
         )
     return tuple(found)
 
 
-def collect_stacks(conns: Sequence[AgentConnection], files: CodeFiles | None = None) -> tuple[StalledRank, ...]:
+def collect_stacks(conns: Sequence[AgentConnection]) -> tuple[StalledRank, ...]:
     """Ask every connection's rank for its stacks and wait for the answers (at most :data:`STACKS_WAIT_S`)."""
     asked_at = time.monotonic()
     ask_for_stacks(conns)
     while time.monotonic() - asked_at < STACKS_WAIT_S and not all(conn.stacks_answer or conn.done for conn in conns):
         time.sleep(_POLL_S)
-    return answers(conns, asked_at, files)
+    return answers(conns, asked_at)
 
 
 class StallWatch:
     """The stall clock of one run; :meth:`check` is called from the supervisor's loop."""
 
-    def __init__(self, stall_timeout: float, files: CodeFiles | None = None) -> None:
+    def __init__(self, stall_timeout: float) -> None:
         self.timeout = stall_timeout
-        self._files = files
         self._asked: list[AgentConnection] | None = None
         self._asked_at = 0.0
 
@@ -84,4 +81,4 @@ class StallWatch:
             return None
         if now - self._asked_at < STACKS_WAIT_S and not all(conn.stacks_answer or conn.done for conn in self._asked):
             return None
-        return Stalled(self.timeout, answers(self._asked, self._asked_at, self._files))
+        return Stalled(self.timeout, answers(self._asked, self._asked_at))

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 from ...shared.gpus import GPU
 from ...shared.liveness import Liveness
 from ...shared.messages import AgentFailed as AgentFailedMessage
-from ...shared.messages import Done, Hello, Message, Returned, Start, unpickle
-from ...shared.timing import ABORT_WAIT_S, LAUNCH_FAILURE_SETTLE_S
+from ...shared.messages import Done, Hello, Message, Returned, ShardProgress, Start, unpickle
+from ...shared.timing import ABORT_WAIT_S, LAUNCH_END_WAIT_S, LAUNCH_FAILURE_SETTLE_S
 from ...shared.tls import RunCertificate
 from ...shared.wire import Body, new_secret
 from ..events import (
@@ -22,6 +22,7 @@ from ..events import (
     Cancelled,
     Event,
     HostLost,
+    Intruded,
     LaunchEvent,
     LaunchFailed,
     RankFailed,
@@ -38,8 +39,9 @@ from ..tracking.progress import RunProgress
 from ..verdict.exits import DEFAULT_EXIT_TIMEOUT_S, exit_failed, exit_work_awaited, still_exiting
 from ..verdict.outcome import Phase, RunOutcome
 from ..verdict.report import abort_reason, describe_exit, lost_after_return, run_error
-from ..verdict.stacks import CodeFiles, where_ranks_were
+from ..verdict.stacks import where_ranks_were
 from .channel import AgentConnection, ChannelEvent, DriverChannel
+from .dataframe_progress import DataFrameProgress
 from .phases import RankPhase
 from .stalls import StallWatch, activity_period, collect_stacks
 
@@ -69,13 +71,14 @@ class Supervisor:
         progress: RunProgress | None = None,
         liveness: Liveness | None = None,
         stall_timeout: float | None = None,
-        code_files: CodeFiles | None = None,
         channel_tls: bool = False,
         kind: RankKind | None = None,
         exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S,
         tracking: Tracking | None = None,
+        attempt: int = 1,
     ) -> None:
         self.launcher = launcher
+        self.attempt = attempt  # the run's attempt (..restarts): one Supervisor each
         self.size = launcher.size
         self._payload: bytes | None = payload  # handed to the launcher at start, not kept
         self._verbosity = verbosity
@@ -88,8 +91,7 @@ class Supervisor:
         self._kind_open = False
         self._progress = progress or RunProgress()
         self._liveness = liveness or Liveness()
-        self._code_files = code_files  # where the job's code shipped by value was written (for its stacks)
-        self._stalls = StallWatch(stall_timeout, code_files) if stall_timeout else None
+        self._stalls = StallWatch(stall_timeout) if stall_timeout else None
         self._channel_tls = channel_tls  # the channel is TLS with a certificate made for the run (...shared.tls)
         self._tracking = tracking
         self._task_reasons: dict[Task, str] = {}  # Spark's reason for each task it ended (the launcher's TaskEnded)
@@ -98,15 +100,17 @@ class Supervisor:
         self._start_deadline = 0.0  # (time.monotonic()) every agent says hello by then
         self._exit_deadline: float | None = None  # every rank returned: their exit work is waited for until then
         self._abort_deadline: float | None = None  # the cause was decided: the ranks are waited for until then
+        self._launch_end_deadline: float | None = None  # the run succeeded: the launch's end is waited for until then
         self._naming = launcher.naming
         self._runner = launcher.naming.runner  # the first word of the run's log lines
+        self._dataframe: DataFrameProgress | None = None  # a run on a DataFrame: its rows on their way (in _watch)
 
     def run(self) -> Any:
         return unpickle(self.run_raw())  # (pickle.load reads cloudpickle's data: a large result piece by piece)
 
     def status(self) -> tuple[str, int]:
-        """The run's phase (``Phase``'s value) and how many agents have said hello, from any thread."""
-        return self._outcome.phase.value, self._agents_started()
+        """The run's phase (``Phase``'s value) and how many of its ranks were started, from any thread."""
+        return self._outcome.phase.value, sum(conn.rank is not None for conn in list(self._agents))
 
     def run_raw(self) -> Body:
         """:meth:`run`, with rank 0's value as it came, still pickled (a submitted run's host sends it on)."""
@@ -116,7 +120,9 @@ class Supervisor:
         driver = self.launcher.driver
         channel = driver.listen(
             CHANNEL,
-            lambda host, port: DriverChannel(host, secret, self.size, port, self._liveness, tls, self._runner),
+            lambda host, port: DriverChannel(
+                host, secret, self.size, port, self._liveness, tls, self._runner, self.attempt
+            ),
         )
         channel.on_progress = self._progress.take if self._tracking is None else self._take_report
         try:
@@ -137,6 +143,7 @@ class Supervisor:
                 liveness=self._liveness,
                 tls_fingerprint=certificate.fingerprint if certificate else None,
                 runner=self._runner,
+                attempt=self.attempt,
             )
             if self._stalls is not None:
                 args = dataclasses.replace(args, activity_every_s=activity_period(self._stalls.timeout))
@@ -148,6 +155,13 @@ class Supervisor:
             except BaseException as exc:  # e.g. Airflow's execution_timeout (AirflowTaskTimeout), or Ctrl-C
                 said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 self._say_where_ranks_are(f"the driver was interrupted ({said})")
+                if self._dataframe is not None and not self._agents_started():
+                    log.warning(
+                        "%s: the driver was interrupted (%s) before the ranks started; at that moment: %s",
+                        self._runner,
+                        said,
+                        self._dataframe.describe(),
+                    )
                 raise
         finally:
             self._clean_up(channel)
@@ -189,7 +203,12 @@ class Supervisor:
     # the watch: each pass of the loop makes every check, in this order (who ends a rank: docs/internals.md)
 
     def _watch(self, channel: DriverChannel) -> None:
-        self._start_deadline = time.monotonic() + self._start_timeout_s
+        now = time.monotonic()
+        self._start_deadline = now + self._start_timeout_s
+        plan = getattr(self.launcher, "shard_plan", None)  # a run on a DataFrame (SparkLauncher): its rows' plan
+        if plan is not None:
+            spark_tasks = self.launcher.spark_tasks  # type: ignore[attr-defined]
+            self._dataframe = DataFrameProgress(plan.feed.rows, plan.feed.tasks, spark_tasks, self._runner, now)
         while True:
             self._check_cancel()
             self._progress.tick()
@@ -197,6 +216,7 @@ class Supervisor:
             self._check_settle_window()
             now = time.monotonic()
             self._check_launch_events(now)
+            self._check_dataframe(now)
             self._check_start_timeout(now)
             self._check_stall(now)
             self._check_exit_timeout(now)
@@ -208,7 +228,7 @@ class Supervisor:
         if self._cancelled():
             if not self._outcome.ending:
                 self._say_where_ranks_are("the run was cancelled")
-            self._record(Cancelled())
+            self._record(Cancelled(self._dataframe_before_start()))
 
     def _check_events(self, channel: DriverChannel) -> None:
         """The channel's next event (an agent's hello, its rank returned, its report, its connection's end), if one
@@ -232,10 +252,35 @@ class Supervisor:
             if now - self._launch_failed_at >= LAUNCH_FAILURE_SETTLE_S:
                 self._record(failure)
 
+    def _check_dataframe(self, now: float) -> None:
+        """A run on a DataFrame: while Spark is at work on its rows (computing them for the barrier job, streaming
+        them into the shards), the ranks' start clock waits; its progress goes to the log."""
+        if self._dataframe is None or self._outcome.phase is not Phase.STARTING:
+            return
+        if self._dataframe.preparing(now):
+            self._start_deadline = max(self._start_deadline, now + self._start_timeout_s)
+        self._dataframe.tick(now)
+
+    def _dataframe_before_start(self) -> str | None:
+        """How far a DataFrame's rows got, while the ranks have not started (None otherwise)."""
+        if self._dataframe is None or self._agents_started():
+            return None
+        self._dataframe.preparing(time.monotonic(), fresh=True)  # (what Spark says now)
+        return self._dataframe.describe()
+
     def _check_start_timeout(self, now: float) -> None:
-        """Not every agent said hello within the ranks' start timeout: the run ends."""
+        """Not every agent said hello within the ranks' start timeout (not counting the time Spark worked on a
+        DataFrame's rows): the run ends."""
         if self._outcome.phase is Phase.STARTING and now > self._start_deadline:
-            self._record(StartTimedOut(len(self._agents), self.size, self._start_timeout_s, self.launcher.describe()))
+            self._record(
+                StartTimedOut(
+                    len(self._agents),
+                    self.size,
+                    self._start_timeout_s,
+                    self.launcher.describe(),
+                    self._dataframe_before_start(),
+                )
+            )
 
     def _check_stall(self, now: float) -> None:
         """No running rank was active for ``stall_timeout``: once their stacks are in (or late), the run ends."""
@@ -260,13 +305,28 @@ class Supervisor:
 
     def _check_abort_deadline(self, now: float) -> bool:
         """Whether the watch is over: every rank has ended, or ``ABORT_WAIT_S`` passed since the cause (or since
-        the exit timeout ended the slow exits): those still running are ended by the channel's close."""
+        the exit timeout ended the slow exits): those still running are ended by the channel's close. A run that
+        succeeded waits for its launch's end too (:meth:`_launch_ended`)."""
         if not self._outcome.ending:
             return False
         exits_over = self._exit_deadline is not None and now > self._exit_deadline
         if self._outcome.cause is not None or exits_over:
             self._abort_deadline = self._abort_deadline or now + ABORT_WAIT_S
-        return not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
+        ranks_over = not self._running() or (self._abort_deadline is not None and now > self._abort_deadline)
+        return ranks_over and self._launch_ended(now)
+
+    def _launch_ended(self, now: float) -> bool:
+        """Whether the launch has ended (a Spark job: every one of its tasks, whose agents the driver has all
+        heard then), for ``LAUNCH_END_WAIT_S`` at most once the ranks are over; always, for a run that failed.
+
+        Until then a run that succeeded still hears hellos: a barrier stage starts its tasks together, but on a
+        loaded host one task's agent may come after the others' ranks returned, and find its place taken by an
+        intruder (:meth:`_not_of_this_job`): the run fails then, before rank 0's result is read.
+        """
+        if self._outcome.cause is not None:
+            return True
+        self._launch_end_deadline = self._launch_end_deadline or now + LAUNCH_END_WAIT_S
+        return self.launcher.ended() or now > self._launch_end_deadline
 
     def _take_launch_events(self, events: list[LaunchEvent]) -> None:
         for event in events:
@@ -287,7 +347,7 @@ class Supervisor:
         if not running:
             return
         try:
-            ranks = collect_stacks(running, self._code_files)
+            ranks = collect_stacks(running)
         except Exception:  # noqa: BLE001 - never in the way of ending the run
             log.exception("%s: could not collect the ranks' stacks", self._runner)
             return
@@ -317,6 +377,10 @@ class Supervisor:
 
     def _on_event(self, event: ChannelEvent) -> None:
         conn, message = event.conn, event.message
+        if isinstance(message, ShardProgress):  # (from a barrier task's own connection, not an agent's)
+            if self._dataframe is not None:
+                self._dataframe.take(message, time.monotonic())
+            return
         if isinstance(message, Hello):
             self._on_hello(conn, message)
             return
@@ -341,7 +405,7 @@ class Supervisor:
         intruded = self._not_of_this_job(conn, hello)
         if intruded is not None:  # before anything of that agent's is read, its rank 0 result above all
             conn.abort("another agent has this Spark task's place in the run")
-            self._record(LaunchFailed(self.launcher.describe(), intruded))
+            self._record(Intruded(self.launcher.describe(), intruded))
             return
         if self._agents_started() or self._outcome.ending:
             conn.abort("this run has already started or ended; a re-run task cannot join it")
@@ -409,7 +473,7 @@ class Supervisor:
         attempts = [seen.attempt or 0 for _, seen in spark]
         left_out = (
             self._agents_started()
-            and not self._outcome.ending
+            and self._outcome.cause is None  # (until rank 0's result is read: also once every rank returned)
             and (hello.attempt or 0) <= max(attempts, default=0)
             and all((seen.partition, seen.process) != (hello.partition, hello.process) for _, seen in spark)
         )
@@ -461,11 +525,18 @@ class Supervisor:
         hellos = [conn.hello for conn in self._agents if conn.hello is not None]
         plan = self._kind.plan(hellos, [conn.peer_host for conn in self._agents])
         gpus = gpus_by_node(plan, [hello.resources.get(GPU, []) for hello in hellos])
-        for conn, slot, seen in zip(self._agents, plan, gpus, strict=False):
+        starts = []
+        for slot, seen in zip(plan, gpus, strict=False):
             env = {**self._kind.env(slot), **self._progress.rank_env()}
             if self._tracking is not None:
                 env.update(self._tracking.rank_env(slot.rank))
-            start = Start(slot.rank, self._kind.name, env, slot.local_size, seen)
+            starts.append(Start(slot.rank, self._kind.name, env, slot.local_size, seen))
+        # the cancel flag's last read before any rank starts: a cancel() that came after the watch's own read, as
+        # the last agent said hello, ends the waiting agents here, and no rank runs main
+        if self._cancelled():
+            self._record(Cancelled())
+            return
+        for conn, start in zip(self._agents, starts, strict=False):
             if not conn.phase.over:  # (one lost while it waited is sent its Start all the same: it fails at once)
                 conn.enter(RankPhase.STARTED)
             try:
@@ -473,4 +544,5 @@ class Supervisor:
             except OSError:
                 pass  # it is gone: its connection's end is on its way as an event
         self._outcome.started()
-        log.info("%s: %d ranks started (%s)", self._runner, self.size, self.launcher.describe())
+        again = f", attempt {self.attempt}" if self.attempt > 1 else ""
+        log.info("%s: %d ranks started (%s%s)", self._runner, self.size, self.launcher.describe(), again)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ...events import Task
+    from ...events import Task, TaskCounts
     from ..address import DriverAddress
 
 BarrierTask = Callable[[Iterator[Any]], Iterator[str]]  # a partition's agents; yields how each ended (JSON)
@@ -66,6 +66,10 @@ class SparkApp(Protocol):
         ``task``'s input), instead of ``range(tasks)``, whose rows the tasks do not read.
         """
 
+    def task_counts(self, tag: str) -> TaskCounts | None:
+        """The tasks of ``tag``'s Spark jobs (every stage) running now and done, as Spark last said; None where
+        it says nothing (for a run on a DataFrame: its rows are computed in them before the barrier tasks run)."""
+
     def cancel(self, tag: str) -> None: ...
     def name_of(self, tag: str) -> str:
         """The job's handle in Spark's words: ``job group horovod-runner-...``, ``operation tag ...``."""
@@ -75,7 +79,8 @@ class SparkApp(Protocol):
 
     def unship(self, tasks_running: bool = False) -> None:
         """Drop the copies of the job that Spark holds for this run, where they can be dropped; with
-        ``tasks_running``, only those that the tasks still running do not need."""
+        ``tasks_running``, only those that the tasks still running do not need. Without, it returns once every
+        executor has dropped its copy (Spark's own timeout bounds the wait)."""
 
     def stopped(self) -> str | None:
         """Why the run cannot go on when the application has stopped; None while it runs."""

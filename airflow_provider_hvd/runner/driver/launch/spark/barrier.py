@@ -33,7 +33,8 @@ from ....shared.gpus import GPU
 from ....shared.messages import Hello
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from ....shared.shards import FeedSpec
-from ...events import LaunchEvent, LaunchFailed, Task, TaskEnded
+from ....shared.timing import FEED_LOG_S, LAUNCH_END_WAIT_S
+from ...events import LaunchEvent, LaunchFailed, Task, TaskCounts, TaskEnded
 from .app import BarrierTask, SparkApp
 from .classic import ClassicApp
 from .cluster import is_connect, summary
@@ -91,8 +92,9 @@ def _barrier_task(
     feed: FeedSpec | None = None,
 ) -> BarrierTask:
     """The barrier task: its agents (one, or ``per_task``). With ``feed``, the task's rows (its input's Arrow
-    batches) are written to its ranks' shard files first (:mod:`....agent.shard_writer`), each rank told where
-    its own is; the files go when the task ends, however it ends."""
+    batches) are written to its ranks' shard files first (:mod:`....agent.shard_writer`), the driver told how
+    far they got (:mod:`....agent.shard_report`), each rank told where its own is; the files go when the task
+    ends, however it ends."""
 
     def task(batches: Iterator[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
@@ -101,9 +103,12 @@ def _barrier_task(
         with contextlib.ExitStack() as held:
             shards = None
             if feed is not None:
+                from ....agent.shard_report import ShardReport
                 from ....agent.shard_writer import receive_shards
 
-                shards = held.enter_context(receive_shards(batches, feed, ctx.partitionId()))
+                with ShardReport(args, ctx.partitionId()) as report:  # the driver follows the rows as they come
+                    shards = held.enter_context(receive_shards(batches, feed, ctx.partitionId(), progress=report))
+                    report.done()
             hello = Hello(
                 host="",  # the address it reaches the driver from, filled in by the agent
                 pid=os.getpid(),
@@ -115,14 +120,18 @@ def _barrier_task(
             )
             hellos = _task_agents(hello, per_task, use_gpus)
             envs = [{} if shards is None else shards.rank_env(process) for process in range(len(hellos))]
+
+            def release(process: int) -> Callable[[], None]:  # a rank's shard goes as soon as the rank has ended
+                return (lambda: None) if shards is None else (lambda: shards.release(process))
+
             if len(hellos) == 1:
-                yield json.dumps(run_agent(args, read_job, hellos[0], envs[0]))
+                yield json.dumps(run_agent(args, read_job, hellos[0], envs[0], release(0)))
                 return
             job = [read_job()]  # one copy for the task's agents, dropped once their ranks have ended
             ended: list[str] = [""] * len(hellos)
 
             def agent(index: int) -> None:
-                ended[index] = run_agent(args, lambda: job[0], hellos[index], envs[index])
+                ended[index] = run_agent(args, lambda: job[0], hellos[index], envs[index], release(index))
 
             threads = [
                 threading.Thread(target=agent, args=(i,), name=f"hvd-task-agent-{i}") for i in range(1, per_task)
@@ -210,15 +219,34 @@ class SparkLauncher:
                 failed.append(exc)
 
         thread = threading.Thread(target=count, name="hvd-spark-count", daemon=True)
+        started = time.monotonic()
+        next_log = started + FEED_LOG_S
         thread.start()
         while thread.is_alive() and not self.cancelled():
             thread.join(timeout=_CANCEL_POLL_S)
+            if time.monotonic() >= next_log:  # a real table takes minutes: the log must not look hung
+                next_log += FEED_LOG_S
+                tasks = self.app.task_counts(group)
+                log.info(
+                    "%s: Spark counts the DataFrame's rows%s, %.0fs so far",
+                    self.naming.runner,
+                    "" if tasks is None else f" ({tasks.done} of its tasks done, {tasks.running} running)",
+                    time.monotonic() - started,
+                )
         if self.cancelled():
             self._cancel_count(thread, group)
             raise cancelled
         if failed:
             raise failed[0]
-        return counted[0]
+        rows = counted[0]
+        log.info(
+            "%s: the DataFrame has %s rows in %d partitions (counted in %.1fs; the barrier job computes them again)",
+            self.naming.runner,
+            f"{sum(rows):,}",
+            len(rows),
+            time.monotonic() - started,
+        )
+        return rows
 
     def _cancel_count(self, thread: threading.Thread, group: str) -> None:
         """Cancel the count's job until it has ended (a cancel that reached Spark before the job cancelled
@@ -239,6 +267,11 @@ class SparkLauncher:
                 self.app.name_of(group),
                 time.monotonic() - started,
             )
+
+    def spark_tasks(self) -> TaskCounts | None:
+        """The barrier job's Spark tasks (every stage: those that compute a DataFrame's rows for it too) running
+        and done, as Spark says now."""
+        return self.app.task_counts(self.group)
 
     def describe(self) -> str:
         if self.per_task == 1:
@@ -284,6 +317,8 @@ class SparkLauncher:
             self.app.run_barrier(self.tasks, task, self.group, description, inputs)
         except BaseException as exc:  # noqa: BLE001 - surfaced through poll()
             self._failure = exc
+            return
+        self.app.unship()  # every task has ended: the job is dropped everywhere before the run ends (ended())
 
     def start(self, args: AgentArgs, payload: bytes) -> None:
         """Wait (bounded) until the application has the job's task slots, refusing a job that can never fit; then
@@ -364,6 +399,9 @@ class SparkLauncher:
                 return
             time.sleep(_TASK_FAILURE_POLL_S / 5)
 
+    def ended(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
     def close(self, reason: str | None) -> None:
         """Wait for the barrier job and its tasks to end; cancel it first when the run did not complete (``reason``
         says why: None when it did). Spark's copies of the job are dropped then; a job still running after
@@ -374,7 +412,7 @@ class SparkLauncher:
             return
         cancel = reason is not None
         if not cancel:
-            self._thread.join(timeout=30)  # the tasks are returning
+            self._thread.join(timeout=LAUNCH_END_WAIT_S)  # the tasks are returning (the driver waited already)
         started = time.monotonic()
         job_ended_at: float | None = None
         running = True  # (an error below, the application gone: nothing is destroyed under what may still run)

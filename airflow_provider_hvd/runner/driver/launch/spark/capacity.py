@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ....errors import LaunchError, RunCancelledError
+from ....errors import HostSlotError, LaunchError, RunCancelledError
 from ....settings import DEFAULT_SLOT_WAIT_S
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
 from .cluster import MASTER_WEB_UI_CONF, is_local, state_of
@@ -190,15 +190,55 @@ def never_fits_error(
     conf: dict[str, str],
     state: dict[str, Any] | None,
     naming: RunnerNaming = HOROVOD_RUNNER,
+    host: int = 0,
 ) -> LaunchError:
-    """The refusal of a job of ``size`` tasks on a cluster of at most ``total`` slots."""
+    """The refusal of a job of ``size`` tasks on a cluster of at most ``total`` slots; ``host``: the slots a
+    submitted run's host holds beside them (named apart: the user's ``np`` is the ranks')."""
     task_cpus = conf.get("spark.task.cpus") or 1
+    if not host:
+        needs, lower = f"{naming.needs_slots(size)} at once", naming.lower_to(total)
+    else:
+        needs = (
+            f"{naming.needs_slots(size)} at once for its ranks and a submitted run {host} more for its host, "
+            f"{size + host} in all"
+        )
+        lower = (
+            f"{naming.lower_to(total - host)} to submit it (or at most {total * naming.per_task} with run(), which "
+            "needs no slot for a host)"
+            if total > host
+            else f"Use run(), which needs no slot for a host, with {naming.size} at most {total * naming.per_task}"
+        )
     return LaunchError(
-        f"{naming.needs_slots(size)} at once (a barrier job starts all its tasks "
-        f"together), but the cluster at {master} has {total} at most (spark.task.cpus={task_cpus})."
-        f"{limits_note(state, conf, size)}"
-        f" {naming.lower_to(total)}, give the cluster more executors or cores (spark.executor.instances, "
+        f"{needs} (a barrier job starts all its tasks together), but the cluster at {master} has {total} at most "
+        f"(spark.task.cpus={task_cpus}).{limits_note(state, conf, size + host)}"
+        f" {lower}, give the cluster more executors or cores (spark.executor.instances, "
         f"spark.executor.cores, spark.cores.max), or use {naming.on_this_host} to run on this host alone."
+    )
+
+
+def host_slot_error(
+    master: str, size: int, total: int, host: int, naming: RunnerNaming, *, fit: int | None = None, core: bool = False
+) -> HostSlotError:
+    """The refusal of a submitted run whose ``size`` tasks fit a cluster of at most ``total`` slots, and whose
+    host's ``host`` slots do not fit beside them; ``core``: its host's task takes a core and no GPU (its ranks'
+    take GPUs), and the cores are too few. ``fit``: the tasks that fit beside the host (``total - host``)."""
+    ranks = size * naming.per_task
+    fit = total - host if fit is None else fit
+    needs = (
+        f"a submitted run's host needs {host} core beside them (its task takes one CPU and no GPU), which it holds "
+        f"for the whole run, and the executors' cores leave none"
+        if core
+        else f"a submitted run needs {host} more for its host, which holds it for the whole run: {size + host} at once"
+    )
+    reason = (
+        f"{naming.call(ranks)}'s {ranks} ranks fit the cluster at {master} ({total} Spark task slots at most), but "
+        f"{needs}"
+    )
+    fix = f"l{naming.lower_to(fit)[1:]}, " if fit > 0 else ""  # ("lower np to at most 2, ")
+    return HostSlotError(
+        f"{reason}. Give the cluster one more {'core' if core else 'task slot'}, {fix}or use run(), whose supervisor "
+        "is the calling process and needs no slot of its own.",
+        reason=reason,
     )
 
 
@@ -255,7 +295,8 @@ class SlotCount:
         self.master, self.conf, self.naming = master, conf, naming
         self.where = where  # where the job runs, for the texts: "on local[2]", "over Spark Connect sc://h:p (...)"
         self.settings = capacity_settings(conf)
-        self.beside = CpuTasks()
+        self.host_slots = 0  # the slots a submitted run's host holds beside its ranks' (durable/submit.py)
+        self.beside = CpuTasks()  # or its task of one CPU and no GPU, beside the ranks' slots (durable/submit.py)
 
     def now(self) -> tuple[int, int]:
         """The application's task slots, and how many of them its running tasks hold."""
@@ -268,25 +309,38 @@ class SlotCount:
     def _state(self) -> dict[str, Any] | None:
         return state_of(self.master, self.conf)[0]
 
-    def at_most(self) -> int | None:
-        """The most task slots the application could ever have, or None where that cannot be known (YARN, k8s)."""
+    def at_most(self, beside: CpuTasks | None = None) -> int | None:
+        """The most task slots the application could ever have for the job beside the run's CPU-only tasks
+        (:attr:`beside` unless given), or None where that cannot be known (YARN, k8s)."""
+        beside = self.beside if beside is None else beside
         if is_local(self.master):
             slots = local_slots(self.master, int(self.settings.get("spark.task.cpus") or 1))
-            return None if slots is None else self.beside.slots(slots, slots)
+            return None if slots is None else beside.slots(slots, slots)
         state = self._state()
         if state is None:
             return None
         cpu_slots = standalone_capacity(state, self.settings, count_gpus=False)
-        return self.beside.slots(standalone_capacity(state, self.settings), cpu_slots)
+        return beside.slots(standalone_capacity(state, self.settings), cpu_slots)
 
-    def never_fits(self, size: int, total: int) -> LaunchError:
-        return never_fits_error(self.master, size, total, self.settings, self._state(), self.naming)
+    def fits(self, size: int, total: int | None) -> None:
+        """Refuse a job of ``size`` tasks (and :attr:`host_slots`, or :attr:`beside`'s pending tasks) that a
+        cluster of ``total`` slots at most (None: unknown) can never hold: HostSlotError where only the host's
+        slots, or its core, are too many."""
+        if total is None or total >= size + self.host_slots:
+            return
+        if self.host_slots and total >= size:
+            raise host_slot_error(self.master, size, total, self.host_slots, self.naming)
+        if self.beside.pending:  # the job alone would fit: the host's core is too many
+            alone = self.at_most(CpuTasks(running=self.beside.running))
+            if alone is not None and alone >= size:
+                raise host_slot_error(self.master, size, alone, self.beside.pending, self.naming, fit=total, core=True)
+        raise never_fits_error(self.master, size, total, self.settings, self._state(), self.naming, self.host_slots)
 
     def unknown_note(self) -> str:
         return total_unknown_note(self.master, self.conf)
 
     def limits_note(self, size: int) -> str:
-        return limits_note(self._state(), self.settings, size)
+        return limits_note(self._state(), self.settings, size + self.host_slots)
 
 
 class ClassicSlots(SlotCount):
@@ -299,10 +353,10 @@ class ClassicSlots(SlotCount):
     def now(self) -> tuple[int, int]:
         return slots_now(self.sc), busy_slots(self.sc)
 
-    def at_most(self) -> int | None:
+    def at_most(self, beside: CpuTasks | None = None) -> int | None:
         if is_local(self.master):
             return slots_now(self.sc)  # the driver's own threads: all there from the start (local[*] too)
-        return super().at_most()
+        return super().at_most(beside)
 
     def stopped(self, size: int) -> str | None:
         if self.sc._jsc is not None and not self.sc._jsc.sc().isStopped():
@@ -353,19 +407,22 @@ def check_connect_slots(
     timeout: float = DEFAULT_SLOT_WAIT_S,
     cancelled: Callable[[], bool] = lambda: False,
     stopped: Callable[[], str | None] = lambda: None,
+    host_slots: int = 0,
     beside: CpuTasks | None = None,
 ) -> None:
     """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
     (a local master's cores, a standalone master's ``/json/``), and wait up to ``timeout`` seconds for ``size``
     free slots, counted by the server's Spark UI (its REST API). Without that UI the free slots cannot be
     counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
-    run's ``start_timeout_s``, which is said. ``beside``: the run's CPU-only tasks beside the job's."""
+    run's ``start_timeout``, which is said. ``host_slots``: a submitted run's host's, counted beside them
+    (HostSlotError where only they do not fit); ``beside``: the run's tasks of one CPU beside the job's instead (a
+    submitted run's host where the job's tasks take GPUs: HostSlotError where only its core does not fit)."""
     refuse_dynamic_allocation(conf, size)
     count = ConnectSlots(master, conf, where, stopped, naming)
+    count.host_slots = host_slots
     count.beside = beside or CpuTasks()
     total = count.at_most()
-    if total is not None and total < size:
-        raise count.never_fits(size, total)
+    count.fits(size, total)
     count.ui, no_ui = server_ui(conf)
     if count.ui is not None:
         try:
@@ -377,7 +434,7 @@ def check_connect_slots(
     log.info(
         "%s: %s: the free task slots cannot be counted (%s); the barrier job's %d tasks start once Spark has %d "
         "free at once%s: until then they wait in Spark's scheduler, up to the ranks' start timeout "
-        "(start_timeout_s), not slot_wait_timeout",
+        "(start_timeout), not slot_wait_timeout",
         naming.runner,
         where,
         no_ui,
@@ -407,16 +464,17 @@ def wait_for_slots(
 def wait_for_free_slots(
     count: SlotCount, size: int, timeout: float, cancelled: Callable[[], bool], naming: RunnerNaming = HOROVOD_RUNNER
 ) -> None:
-    """:func:`wait_for_slots` on any :class:`SlotCount`."""
+    """:func:`wait_for_slots` on any :class:`SlotCount` (for ``size`` tasks and the count's ``host_slots``)."""
+    needed = size + count.host_slots
     slots, busy = count.now()
-    if slots - busy >= size:
+    if slots - busy >= needed:
         return
     total = count.at_most()
-    if total is not None and total < size:
-        raise count.never_fits(size, total)
+    count.fits(size, total)
     started = time.monotonic()
     next_report = started + min(FIRST_REPORT_S, REPORT_EVERY_S)
-    while slots - busy < size:
+    host = f" ({size} for its ranks, {count.host_slots} for its host)" if count.host_slots else ""
+    while slots - busy < needed:
         now = time.monotonic()
         if cancelled():
             raise RunCancelledError(f"the run was cancelled while waiting for {size} task slots {count.where}")
@@ -426,9 +484,10 @@ def wait_for_free_slots(
         if now - started >= timeout:
             unknown = count.unknown_note() if total is None else ""
             raise LaunchError(
-                f"{naming.call(size * naming.per_task)} waited {now - started:.0f}s for {size} free Spark task slots "
-                f"{count.where}, and the application has {slots}{_busy_note(busy)} (the cluster or the application "
-                f"is busy with other jobs, or its executors cannot start{'; ' + unknown if unknown else ''})."
+                f"{naming.call(size * naming.per_task)} waited {now - started:.0f}s for {needed} free Spark task "
+                f"slots{host} {count.where}, and the application has {slots}{_busy_note(busy)} (the cluster or the "
+                "application is busy with other jobs, or its executors cannot start"
+                f"{'; ' + unknown if unknown else ''})."
                 f"{count.limits_note(size)} Wait longer (slot_wait_timeout, now {timeout:g}s), free the cluster, or "
                 f"lower {naming.size}."
             )
@@ -436,9 +495,10 @@ def wait_for_free_slots(
             unknown = count.unknown_note() if total is None else ""
             at_most = f" of the {total} it could hold" if total is not None else f"; {unknown}" if unknown else ""
             log.warning(
-                "%s: waiting for %d free Spark task slots %s; the application has %d%s%s (%.0fs waited, up to %gs)",
+                "%s: waiting for %d free Spark task slots%s %s; the application has %d%s%s (%.0fs waited, up to %gs)",
                 naming.runner,
-                size,
+                needed,
+                host,
                 count.where,
                 slots,
                 at_most,
@@ -448,7 +508,6 @@ def wait_for_free_slots(
             )
             next_report = now + REPORT_EVERY_S
             total = count.at_most()  # workers may have come or gone
-            if total is not None and total < size:
-                raise count.never_fits(size, total)
+            count.fits(size, total)
         time.sleep(POLL_S)
         slots, busy = count.now()

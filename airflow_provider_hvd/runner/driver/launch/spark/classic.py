@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ...events import TaskCounts
 from ..address import DriverAddress, spark_driver_address
 from .app import BarrierTask, JobStatus, arrow_barrier
 from .capacity import wait_for_slots
@@ -40,6 +41,7 @@ class ClassicApp:
         self.local = self.shares_stderr = is_local(self.master)
         self.status: JobStatus = BarrierJobStatus(sc, group)
         self._payload: Broadcast[bytes] | None = None
+        self._job_stages: dict[int, list[int]] = {}  # (task_counts) each job's stages, as Spark planned them
 
     def conf(self, key: str) -> str | None:
         return self.sc.getConf().get(key)
@@ -73,6 +75,30 @@ class ClassicApp:
             rdd = self.sc.parallelize(range(tasks), tasks)
             rdd.barrier().mapPartitions(task).collect()  # type: ignore[arg-type]  # the partition's ints go unread
 
+    def task_counts(self, tag: str) -> TaskCounts | None:
+        # a stage's status is written to Spark's status store as it starts and ends, its task counts only now and
+        # then (a running stage may show none for seconds): a stage that runs is told by its status
+        try:
+            tracker = self.sc.statusTracker()
+            store = self.sc._jsc.sc().statusStore()
+            running = done = stages = 0
+            for job in tracker.getJobIdsForGroup(tag):
+                if job not in self._job_stages:
+                    info = tracker.getJobInfo(job)
+                    self._job_stages[job] = sorted(info.stageIds) if info is not None else []
+                ids = self._job_stages[job]
+                for stage_id in ids[:-1] if len(ids) > 1 else ids:  # (not a job's last stage: the barrier stage)
+                    try:
+                        stage = store.lastStageAttempt(stage_id)
+                    except Exception:  # noqa: BLE001, S112 - submitted, not in the status store yet
+                        continue
+                    running += int(stage.numActiveTasks())
+                    done += int(stage.numCompleteTasks())
+                    stages += str(stage.status().toString()) == "ACTIVE"
+        except Exception:  # noqa: BLE001 - the SparkContext stopped: its jobs went with it
+            return None
+        return TaskCounts(running, done, stages)
+
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobGroup(tag)  # (Spark's reason for the kills names the group: not a cause)
 
@@ -86,15 +112,18 @@ class ClassicApp:
         )
 
     def unship(self, tasks_running: bool = False) -> None:
-        if self._payload is not None:
+        payload, self._payload = self._payload, None
+        if payload is not None:
             try:
                 if tasks_running:  # a task reads the driver's copy: only the executors' cached copies go
-                    self._payload.unpersist(blocking=False)
+                    payload.unpersist(blocking=False)
                 else:
-                    self._payload.destroy()  # the driver's and the executors' copies
+                    # the driver's and the executors' copies, each executor's answer awaited: one still on its way
+                    # when the application stops (an Airflow task's stops right after its run) is an error in
+                    # Spark's log ("Still have 1 requests outstanding when connection ... is closed")
+                    payload.destroy(blocking=True)
             except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
                 pass
-            self._payload = None
 
     def stopped(self) -> str | None:
         try:

@@ -15,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ....errors import LaunchError
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ....shared.timing import CONNECT_FIRST_PROGRESS_S
+from ...events import TaskCounts
 from ..address import DriverAddress, connect_driver_address, is_loopback
 from .app import BarrierTask, JobStatus, arrow_barrier
 from .capacity import CpuTasks, check_connect_slots, jvm_mebibytes, spark_bytes
@@ -27,8 +30,11 @@ from .cluster import is_local, session_conf
 from .connect_client import endpoint, interrupt_tag, is_tls
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from pyspark.sql import DataFrame
     from pyspark.sql.connect.session import SparkSession
+    from pyspark.sql.connect.shell.progress import StageInfo
 
     from ...events import Task
 
@@ -63,6 +69,53 @@ class NoStatus:
 
     def tasks_running(self) -> bool:
         return False  # unknown: the job's own end is all the client hears
+
+
+class OperationProgress:
+    """What the server says of the operations of the launcher's tagged threads as they run (Spark Connect's
+    execution progress, every ``spark.connect.progress.reportInterval``): their tasks running and done, by tag.
+    A progress handler of the session's while a tagged thread runs (it is called in the thread that runs the
+    operation)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._tags: dict[int, str] = {}  # a thread's ident -> its tag
+        self._counts: dict[str, TaskCounts] = {}
+        self._started: dict[str, float] = {}  # (time.monotonic()) each tag's first operation
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, stages: Iterable[StageInfo] | None, inflight_tasks: int, operation_id: str | None, done: bool
+    ) -> None:
+        tag = self._tags.get(threading.get_ident())
+        if tag is not None and stages is not None:
+            self._counts[tag] = TaskCounts(inflight_tasks, sum(stage.num_completed_tasks for stage in stages))
+
+    def counts(self, tag: str) -> TaskCounts | None:
+        """What the server last said of ``tag``'s operations; until its first report (``CONNECT_FIRST_PROGRESS_S``
+        at most), that they run (it reports only every interval); None where it says nothing."""
+        counts = self._counts.get(tag)
+        started = self._started.get(tag)
+        if counts is None and started is not None and time.monotonic() - started < CONNECT_FIRST_PROGRESS_S:
+            return TaskCounts(0, 0, stages=1)
+        return counts
+
+    @contextlib.contextmanager
+    def following(self, tag: str) -> Iterator[None]:
+        """Within, this thread's operations are ``tag``'s."""
+        with self._lock:
+            if not self._tags:
+                self._spark.registerProgressHandler(self)  # type: ignore[arg-type]  # (a callable is all it calls)
+            self._tags[threading.get_ident()] = tag
+            self._started.setdefault(tag, time.monotonic())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._tags.pop(threading.get_ident(), None)
+                if not self._tags:
+                    with contextlib.suppress(ValueError):  # (the application cleared the session's handlers)
+                        self._spark.removeProgressHandler(self)  # type: ignore[arg-type]
 
 
 class ShippedJob:
@@ -154,6 +207,7 @@ class ConnectApp:
         self.status: JobStatus = NoStatus()
         self._tag = tag  # (the launcher's group: its operations are tagged with it)
         self.beside = CpuTasks()  # the run's tasks of one CPU beside its barrier job's (a submitted run's host)
+        self._progress = OperationProgress(spark)
 
     def where(self) -> str:
         return f"over Spark Connect {self.url} ({self.master})"
@@ -163,7 +217,7 @@ class ConnectApp:
         warn_if_plan_readable(self.url, is_tls(self.spark), driver.bind)
         return driver
 
-    def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool]) -> None:
+    def check_slots(self, tasks: int, timeout: float, cancelled: Callable[[], bool], host_slots: int = 0) -> None:
         check_connect_slots(
             self.master,
             self.conf,
@@ -173,6 +227,7 @@ class ConnectApp:
             timeout,
             cancelled,
             self._session_stopped,
+            host_slots,
             self.beside,
         )
 
@@ -186,9 +241,13 @@ class ConnectApp:
     def tagged(self, tag: str, description: str) -> Iterator[None]:
         self.spark.addTag(tag)  # this thread's operations only (an operation has no description)
         try:
-            yield
+            with self._progress.following(tag):
+                yield
         finally:
             self.spark.removeTag(tag)
+
+    def task_counts(self, tag: str) -> TaskCounts | None:
+        return self._progress.counts(tag)
 
     def run_barrier(
         self, tasks: int, task: BarrierTask, tag: str, description: str, inputs: DataFrame | None = None

@@ -1,0 +1,1 @@
+"""A run's restarts: the controller above one attempt (a launcher and a supervisor each), and its policy."""
