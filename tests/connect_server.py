@@ -28,7 +28,9 @@ class ConnectServer:
     ``conf``: the server application's Spark settings (``--conf``). Its logs and pid file stay in ``workdir``.
     ``host``: the address its gRPC port listens on; ``inside``: the namespace host it runs in (then only
     commands run there reach it). ``cores``: the server (and its executors' Python workers) runs on that many of
-    this machine's CPUs: the cores ``local[*]`` counts, whatever the machine.
+    this machine's CPUs: the cores ``local[*]`` counts, whatever the machine. ``token``: the token its clients
+    must give, in the server's environment (a ``--conf`` would be in its log's command line); pyspark sends one
+    without TLS to ``localhost`` alone (:attr:`token_url`).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class ConnectServer:
         host: str = LOOPBACK,
         inside: LoopbackHost | None = None,
         cores: int | None = None,
+        token: str | None = None,
         **conf: str,
     ) -> None:
         self.workdir = workdir
@@ -49,10 +52,16 @@ class ConnectServer:
         self.url = f"sc://{f'[{host}]' if ':' in host else host}:{self.port}"
         self.master = master
         self.conf = {"spark.ui.enabled": "false", "spark.connect.grpc.binding.address": host, **conf}
+        self.token = token
         self._proc: subprocess.Popen[bytes] | None = None
         self.cpus = sorted(os.sched_getaffinity(0))[:cores] if cores else None
         if self.cpus is not None and len(self.cpus) < (cores or 0):
             raise RuntimeError(f"the server asks for {cores} cores, and this process may run on {len(self.cpus)}")
+
+    @property
+    def token_url(self) -> str:
+        """The URL with the token: to ``localhost``, where pyspark sends a token without TLS."""
+        return f"sc://localhost:{self.port}/;token={self.token}"
 
     @property
     def log_file(self) -> Path:
@@ -82,6 +91,8 @@ class ConnectServer:
             "SPARK_LOCAL_IP": LOOPBACK,
             "PYSPARK_PYTHON": sys.executable,  # the server's executors run this interpreter
         }
+        if self.token is not None:
+            env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = self.token
         log = open(self.log_file, "wb")  # noqa: SIM115 - the server's output for its lifetime
         command = [str(self.spark_home / "sbin" / "start-connect-server.sh"), *args]
         self._proc = subprocess.Popen(

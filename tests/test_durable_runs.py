@@ -555,6 +555,85 @@ def test_submit_on_classic_spark_says_what_to_use(spark_local):
         HorovodRunner(np=2).submit(allreduce_sum)
 
 
+def test_the_address_settings_the_host_never_takes_are_those_the_address_code_reads():
+    """A submitted run's host is not the client: the settings of the client's own address (a container's
+    driverHost, its published ports) stay out of the host's sessions. Held to what the address code reads over
+    Spark Connect (spark.driver.host there is the server's: a session cannot change it)."""
+    from airflow_provider_hvd.runner.driver.launch.address import (
+        CLIENT_ADDRESS_SETTINGS,
+        HOST_CONF,
+        connect_driver_address,
+    )
+
+    read: set[str] = set()
+
+    def conf(key: str) -> str | None:
+        read.add(key)
+        return None
+
+    connect_driver_address(conf, "127.0.0.1", local=False)
+    assert read - {HOST_CONF} == set(CLIENT_ADDRESS_SETTINGS)
+
+
+def test_a_clients_own_address_settings_stay_with_the_client(connect_durable):
+    """What docs/guide/driver-ports.md tells a client in a container to set (the address the agents are told,
+    where it listens, fixed ports) is the client's: the run's host in the cluster listens where it is, and the
+    client's session keeps its settings."""
+    from spark_cluster import free_port
+
+    from airflow_provider_hvd.runner.driver.launch.address import CLIENT_ADDRESS_SETTINGS
+
+    with connect_session(connect_durable.url) as spark:
+        values = ["192.0.2.1", "192.0.2.1", str(free_port()), str(free_port())]  # (host, bind, the two ports)
+        own = dict(zip(CLIENT_ADDRESS_SETTINGS, values, strict=True))
+        for key, value in own.items():
+            spark.conf.set(key, value)
+        with HorovodRunner(np=2).submit(allreduce_sum, base=1.0) as job:
+            assert job.wait(180) == {"rank": 0, "size": 2, "local_size": 2, "sum": 5.0}
+        assert {key: spark.conf.get(key) for key in own} == own
+
+
+def test_a_submitted_run_has_the_sessions_secret_settings_and_credentials_and_the_server_logs_none(
+    connect_durable, mlflow_auth_server, monkeypatch, tmp_path
+):
+    """The ranks' session has every setting of the submitting session, secrets included, and its temporary views:
+    a Hadoop setting named like a secret (Spark's redaction hides it from the session's own clients) mounts the
+    files of the view the recipe reads; the host makes the MLflow run with the submitter's credentials; and none
+    of the secrets (an object store's key, MLflow's password) is in the Connect server's log, where it logs an
+    operation's whole plan."""
+    from mlflow import MlflowClient
+
+    from airflow_provider_hvd.runner.mlflow_settings import MlflowSettings
+
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "ids.txt").write_text("\n".join(str(i) for i in range(6)) + "\n")
+    table = f"secret{uuid.uuid4().hex[:8]}"  # a viewfs mount table: its setting's name matches the redaction
+    account_key = f"hvd-key-{uuid.uuid4().hex}"  # an object store's key whose name the redaction does not match
+    server = mlflow_auth_server
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", server.username)  # this process's only
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    name = f"hvd-secrets-{uuid.uuid4().hex[:8]}"
+    with connect_session(connect_durable.url) as spark:
+        spark.conf.set(f"fs.viewfs.mounttable.{table}.link./rows", rows.as_uri())
+        spark.conf.set("fs.viewfs.impl.disable.cache", "true")  # (a cached mount would hide a missing setting)
+        spark.conf.set("fs.azure.account.key.hvdtest.dfs.core.windows.net", account_key)
+        ids = spark.sql(f"SELECT CAST(value AS BIGINT) AS id FROM text.`viewfs://{table}/rows/ids.txt`")
+        ids.createOrReplaceTempView("secret_ids")
+        runner = HorovodRunner(np=2, mlflow=MlflowSettings(tracking_uri=server.url, experiment_name=name))
+        with runner.submit_on_dataframe(horovod_ids, "SELECT id FROM secret_ids") as job:
+            views = job.wait(180)
+            run_id = job.mlflow_run_id
+    wait_until_gone(job.id)  # (the host releases its sessions once the value was fetched: the server logs then)
+    assert {view["shard"]: view["ids"] for view in views} == {0: [0, 1, 2], 1: [3, 4, 5]}
+    client = MlflowClient(server.url)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    log = connect_durable.log_file.read_text(errors="replace")
+    assert "python_udf" in log  # (a released session's running operation is logged whole: the host's is one)
+    for secret in (account_key, server.password):
+        assert secret not in log
+
+
 def until(condition, timeout: float = 120.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -266,35 +266,66 @@ def test_torch_ranks_two_a_task_each_get_one_of_its_gpus(gpu_cluster):
         assert view["visible"] == worker_gpus[worker], view
 
 
-def test_torch_ranks_over_spark_connect_each_get_one_of_their_tasks_gpus(gpu_cluster, tmp_path):
-    """The same over a Spark Connect server on the cluster: the GPU settings are read through the session."""
+def test_torch_ranks_over_spark_connect_each_get_one_of_their_tasks_gpus(gpu_cluster, tmp_path, caplog):
+    """The same over a Spark Connect server on the cluster: the GPU settings are read through the session. Then the
+    same ranks submitted: the run's host takes one CPU and no GPU, so a run with as many ranks as the cluster has
+    GPUs starts; its link is TLS 1.3 although the application does not encrypt; and the server's token, which the
+    host opens its sessions with, is not in the server's log."""
+    import json
+    import logging
+    import secrets
+    import socket
+    import ssl
+
     import torch_jobs
     from connect_server import ConnectServer, connect_session
+    from spark_cluster import free_port
 
     from airflow_provider_hvd import TorchDistributor
+    from airflow_provider_hvd.runner.durable.host import open_session
+    from airflow_provider_hvd.runner.durable.link import LINK_CONF, LinkAddress
+    from airflow_provider_hvd.runner.shared.tls import fingerprint
 
     server = ConnectServer(
         tmp_path,
         gpu_cluster.url,
+        token=f"hvd-token-{secrets.token_hex(12)}",  # (the workers' executors do not have the server's environment)
         **{
             "spark.executor.cores": "2",
             "spark.cores.max": "4",
             "spark.executor.resource.gpu.amount": "2",
             "spark.task.resource.gpu.amount": "2",
+            "spark.ui.enabled": "true",  # (the free task slots are counted there)
+            "spark.ui.port": str(free_port()),
             **gpu_cluster.app_conf,
         },
     ).start()
+    url = server.token_url
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
     try:
-        with connect_session(server.url):
+        with connect_session(url):
             views = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(torch_jobs.gpu_view)["views"]
+            job = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).submit(torch_jobs.gpu_view)
+            run_session = open_session(url, json.loads(job.id)["session_id"])
+            address = LinkAddress.from_conf(run_session.conf.get(LINK_CONF))
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            with context.wrap_socket(socket.create_connection((address.host, address.port), timeout=10)) as link:
+                assert link.version() == "TLSv1.3"
+                assert fingerprint(link.getpeercert(binary_form=True)) == address.fingerprint
+            submitted = job.wait(180)["views"]
+            run_session.client.close()
     finally:
         server.stop()
-    assert [(view["group_rank"], view["local_rank"]) for view in views] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    worker_gpus = {"worker-0": "0,1", "worker-1": "2,3"}
-    for view in views:
-        worker = next(part for part in Path(view["executor_dir"]).parts if part.startswith("worker-"))
-        assert view["visible"] == worker_gpus[worker], view
-    assert sorted(view["visible"].split(",")[view["local_rank"]] for view in views) == ["0", "1", "2", "3"]
+    for each in (views, submitted):
+        assert [(view["group_rank"], view["local_rank"]) for view in each] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        worker_gpus = {"worker-0": "0,1", "worker-1": "2,3"}
+        for view in each:
+            worker = next(part for part in Path(view["executor_dir"]).parts if part.startswith("worker-"))
+            assert view["visible"] == worker_gpus[worker], view
+        assert sorted(view["visible"].split(",")[view["local_rank"]] for view in each) == ["0", "1", "2", "3"]
+    assert "this run's host listens for its clients at" in caplog.text and ", TLS 1.3" in caplog.text
+    assert server.token not in server.log_file.read_text(errors="replace")
 
 
 def test_torch_on_the_drivers_spark_gpus_and_gpus_set_on_purpose(tmp_path):

@@ -247,6 +247,32 @@ def test_cores_and_gpus_that_limit_equally_are_both_named():
     assert "GPUs are what limits it (2 on the workers)" in gpus_only and "Cores and GPUs" not in gpus_only
 
 
+def test_a_submitted_runs_cpu_only_host_is_a_core_beside_the_gpu_slots_and_its_refusal_a_host_slot_error(
+    monkeypatch,
+):
+    """Two workers of 2 GPUs and 2 cores, tasks of one GPU: 4 ranks take every GPU slot. The run's host, a task of
+    one CPU, needs a core beside them: with 3 cores a worker it fits; with 2 only the host does not, and the
+    refusal is the HostSlotError the operators run in-process on, naming the core (not a slot) and the np that
+    fits."""
+    from airflow_provider_hvd import HostSlotError
+
+    gpus = {"gpu": {"addresses": ["0", "1"]}}
+    conf = {"spark.task.resource.gpu.amount": "1", "spark.executor.resource.gpu.amount": "2"}
+    count = capacity.SlotCount("spark://m:7077", conf.get, "on spark://m:7077")
+    count.beside = capacity.CpuTasks(pending=1)
+    for cores in (3, 2):
+        worker = {"state": "ALIVE", "cores": cores, "memory": 2048, "resources": gpus}
+        monkeypatch.setattr(count, "_state", lambda worker=worker: {"workers": [worker, worker]})
+        if cores == 3:
+            count.fits(4, count.at_most())
+            continue
+        with pytest.raises(HostSlotError) as caught:
+            count.fits(4, count.at_most())
+    assert "4 ranks fit the cluster at spark://m:7077 (4 Spark task slots at most)" in str(caught.value)
+    assert "needs 1 core beside them" in caught.value.reason
+    assert "Give the cluster one more core, lower np to at most 3, or use run()" in str(caught.value)
+
+
 def test_a_run_and_its_ui_link_fetch_the_masters_state_once(busy_session, monkeypatch):
     """Before: the UI link, the most slots and the refusal's GPU note each fetched the master's /json/."""
     from airflow_provider_hvd.hooks.spark_ui import application_ui_url

@@ -79,10 +79,12 @@ def barrier_job_runs(spark, tasks: int = 2) -> bool:
 
 def our_processes() -> list[psutil.Process]:
     """This runner's processes on this host beside this test process: agents' reapers and rank processes, of
-    this checkout's interpreter (another checkout's test run on the machine has its own) and of this pytest-xdist
-    worker (they inherit its PYTEST_XDIST_WORKER through the server and its executors; another worker's runs are
-    its own)."""
+    this checkout's interpreter and PYTHONPATH (another checkout's test run on the machine may share the
+    interpreter, never its PYTHONPATH's entries, which Spark's Python workers keep) and of this pytest-xdist worker
+    (they inherit its PYTEST_XDIST_WORKER through the server and its executors; another worker's runs are its
+    own)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    ours = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
@@ -91,9 +93,12 @@ def our_processes() -> list[psutil.Process]:
         if "airflow_provider_hvd.runner.reaper" not in cmdline and "airflow_provider_hvd.runner.rank" not in cmdline:
             continue
         try:
-            if worker is not None and proc.environ().get("PYTEST_XDIST_WORKER") != worker:
-                continue
+            environ = proc.environ()
         except psutil.NoSuchProcess:
+            continue
+        if worker is not None and environ.get("PYTEST_XDIST_WORKER") != worker:
+            continue
+        if not set(ours) <= set(environ.get("PYTHONPATH", "").split(os.pathsep)):  # another checkout's
             continue
         found.append(proc)
     return found

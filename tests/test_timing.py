@@ -27,6 +27,8 @@ def test_the_timings_relate_as_their_reasons_say():
     assert timing.DEFAULT_EXIT_TIMEOUT_S >= 120 > timing.EXIT_AFTER_REPORT_S
     # the run's end waits on a progress store that does not answer a few seconds only
     assert timing.FINAL_WRITE_S <= 10
+    # a submitted run's host waits for the submitting client's MLflow credentials longer than it takes to attach
+    assert timing.CREDENTIALS_WAIT_S > timing.CONNECT_TIMEOUT_S + timing.HANDSHAKE_TIMEOUT_S
     # a submitted run's outcome outlives the lease (a deferred task resumes after the run's end, maybe hours later)
     assert timing.DEFAULT_OUTCOME_TIMEOUT_S >= 3600 > timing.DEFAULT_DETACHED_TIMEOUT_S
     # attach() waits for Spark's word on a host that refuses it longer than a later attempt probes the first one

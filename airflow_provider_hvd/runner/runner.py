@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .driver.ranks.kind import RankKind
     from .driver.watch.supervisor import Supervisor
     from .durable.dataframe_recipe import DataFrameRecipe
+    from .durable.link import Credentials
     from .jobs import Job
 
 
@@ -329,6 +330,7 @@ class _Runner:
             conf, channel_tls = _conf_and_tls(spark)
             liveness = self._liveness(kind, conf, channel_tls)
             settings = self.settings
+            mlflow, mlflow_params, credentials = self._host_mlflow()
             spec = HostSpec(
                 self.naming,
                 "Horovod" if kind.name == "Horovod" else "torch",
@@ -346,7 +348,8 @@ class _Runner:
                 self.progress_interval_s,
                 settings.resume_from,
                 settings.detached_timeout,
-                *self._host_mlflow(),
+                mlflow,
+                mlflow_params,
                 dataframe=dataframe,
                 outcome_timeout=settings.outcome_timeout,
                 max_restarts=settings.max_restarts,
@@ -360,17 +363,21 @@ class _Runner:
                 lambda: run.cancelled,
                 self._announce,
                 settings.mlflow.on_start if settings.mlflow is not None else None,
+                credentials,
             )
 
-    def _host_mlflow(self) -> tuple[MlflowSettings | None, dict[str, Any], dict[str, str]]:
-        """What a submitted run's host makes its MLflow run with (``mlflow``): the settings with the tracking URI
-        this process resolves (the host's environment has none of its own) and without ``on_start`` (the
-        submitter's, told over the link), the params, and this process's MLflow credentials."""
+    def _host_mlflow(self) -> tuple[MlflowSettings | None, dict[str, Any], Credentials | None]:
+        """What a submitted run's host makes its MLflow run with (``mlflow``): the settings without the tracking URI
+        and ``on_start`` (the submitter's, told over the link), the params; and what this process hands the host
+        over the link once attached, never in its plan (the server may log that): the tracking URI it resolves
+        (the host's environment has none of its own) and its MLflow credentials."""
+        from .durable.link import Credentials
+
         mlflow = self.settings.mlflow
         if mlflow is None:
-            return None, {}, {}
-        resolved = replace(mlflow, tracking_uri=resolved_tracking_uri(mlflow), on_start=None)
-        return resolved, self._mlflow_params(), auth_env()
+            return None, {}, None
+        credentials = Credentials(resolved_tracking_uri(mlflow), auth_env())
+        return replace(mlflow, tracking_uri=None, on_start=None), self._mlflow_params(), credentials
 
     def _size(self) -> int:
         """How many ranks a Spark run has."""

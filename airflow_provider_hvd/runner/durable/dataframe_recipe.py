@@ -66,7 +66,7 @@ class DataFrameRecipe:
 
     @property
     def size(self) -> int:
-        """Its bytes in the host's plan (beside the job's)."""
+        """Its bytes in the host's spec (counted with the job's against the plan's limit)."""
         return len(self.factory or b"") + len((self.sql or "").encode())
 
     def describe(self) -> str:

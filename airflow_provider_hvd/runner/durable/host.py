@@ -1,8 +1,9 @@
 """A submitted run's host: the one task of the run's own Connect operation, in an executor of the cluster.
 
 It joins the run's session (the client's ``submit()`` made it) to publish its link there (:data:`.link.LINK_CONF`),
-opens a second session of its own for the ranks' barrier job and runs the supervisor over it with the Spark
-launcher, the driver's address being this executor's: the ranks reach their supervisor inside the cluster. It
+joins the ranks' session (a server-side clone of the submitting session, with its settings: ``submit()`` made it
+too) for the ranks' barrier job and runs the supervisor over it with the Spark launcher, the driver's address
+being this executor's: the ranks reach their supervisor inside the cluster. It
 relays the run's log lines (numbered, :mod:`.ring`), its status and progress to every client attached over the
 link, and ends the run when a client cancels it or nobody has been attached for ``detached_timeout`` (the
 lease). It keeps the outcome until a client fetched it, or ``outcome_timeout`` after the run ended, then releases
@@ -13,8 +14,10 @@ too). A host that cannot start publishes why in place of its link, for ``submit(
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -29,6 +32,7 @@ from ..shared.messages import Message
 from ..shared.naming import RunnerNaming
 from ..shared.timing import (
     CANCELLED_OUTCOME_GRACE_S,
+    CREDENTIALS_WAIT_S,
     DEFAULT_OUTCOME_TIMEOUT_S,
     HOST_FAILURE_SHOWN_S,
     HOST_START_TIMEOUT_S,
@@ -58,11 +62,15 @@ _FAILURE_POLL_S = 0.25
 _RELEASE_CALL_S = 10.0
 SCHEMA = "ended string"  # the operation's one row
 HOST_SLOTS = 1  # the run's host holds one task slot beside its ranks' for the whole run
+SPEC_SCHEMA = "spec binary"  # its input's one row: the pickled HostSpec
 
 
 @dataclass(frozen=True)
 class HostSpec:
-    """What the host needs to run the supervisor as the client's runner would (pickled into the task)."""
+    """What the host needs to run the supervisor as the client's runner would: the input row of the host's task
+    (:func:`spec_row`), which the server keeps as an artifact of the run's session (a cached local relation) and
+    does not log, unlike the plan. No secret but the server's token (``connection``): the submitting session's
+    settings are in the ranks' session (a clone), MLflow's credentials come over the link (:class:`.Credentials`)."""
 
     naming: RunnerNaming
     kind: str  # "Horovod" or "torch"
@@ -80,18 +88,18 @@ class HostSpec:
     progress_interval_s: float
     resume_from: dict[str, Any] | None
     detached_timeout: float
-    #: the run's MLflow run, made and ended by the host: its settings (the tracking URI as the submitter
-    #: resolved it, no ``on_start``), params, and the submitter's MLflow credentials (they travel in the plan)
+    #: the run's MLflow run, made and ended by the host: its settings (without the tracking URI, which comes over
+    #: the link with the submitter's credentials; no ``on_start``) and params
     mlflow: MlflowSettings | None = None
     mlflow_params: dict[str, Any] = field(default_factory=dict)
-    mlflow_auth: dict[str, str] = field(default_factory=dict)
     #: a run on a DataFrame: its recipe, which the host builds in the ranks' session (a DataFrame object of the
     #: submitter's session cannot be used in it), then plans and launches as ``run()`` on a DataFrame does
     dataframe: DataFrameRecipe | None = None
-    #: the submitter's session's settings (:func:`session_settings`), given to the ranks' session
-    session_conf: dict[str, str] = field(default_factory=dict)
-    connection: str = ""  # sc://host:port/;params, the server's token among them (it travels in the plan)
+    #: the host's task has a profile of one CPU and no GPU (the ranks' tasks take GPUs): it holds no rank's slot
+    cpu_only: bool = False
+    connection: str = ""  # sc://host:port/;params, the server's token among them (in the task's input row)
     run_session: str = ""
+    ranks_session: str = ""  # the ranks' session: a clone of the submitting one, without the client's address
     tag: str = ""
     #: how long the host keeps a finished run's outcome that nobody fetched (``outcome_timeout``)
     outcome_timeout: float = DEFAULT_OUTCOME_TIMEOUT_S
@@ -99,6 +107,21 @@ class HostSpec:
     #: the run's restarts (``max_restarts``, ``restart_on_exceptions``): the host runs its attempts
     max_restarts: int = 0
     restart_on_exceptions: tuple[str, ...] = ()
+
+
+def spec_row(spec: HostSpec) -> bytes:
+    """``spec`` as the host task's input (``SPEC_SCHEMA``'s one value)."""
+    import cloudpickle
+
+    return bytes(cloudpickle.dumps(spec))
+
+
+def read_spec(batches: Iterator[Any]) -> HostSpec:
+    """The host's spec, from its task's input batches (one row)."""
+    values = [value for batch in batches for value in batch.column(0).to_pylist()]
+    spec = pickle.loads(values[0])
+    assert isinstance(spec, HostSpec)
+    return spec
 
 
 class _Capture(logging.Handler):
@@ -146,26 +169,6 @@ def open_session(connection: str, session_id: str | None) -> SparkSession:
     return spark
 
 
-def session_settings(spark: SparkSession) -> dict[str, str]:
-    """The settings of the submitter's session (its ``spark.sql.*`` ones, and those it was given): the run's host
-    gives them to the ranks' session, where it builds the run's DataFrame and runs the barrier job, as ``run()``
-    would in the submitter's session."""
-    return {str(key): str(value) for key, value in spark.conf.getAll.items()}
-
-
-def carry_settings(ranks: SparkSession, settings: dict[str, str]) -> None:
-    """Set in the ranks' session each of ``settings`` whose value differs there; one a session cannot change (a
-    static or the server's setting) is left as the server has it."""
-    own = ranks.conf.getAll
-    for key, value in settings.items():
-        if own.get(key) == value:
-            continue
-        try:
-            ranks.conf.set(key, value)
-        except Exception as exc:  # noqa: BLE001 - Spark's refusal to change it: the server's value holds
-            log.debug("the ranks' session keeps the server's %s (%s)", key, first_line(exc))
-
-
 def release(spark: SparkSession) -> None:
     """Release the session on the server (bounded), whatever it was doing."""
     from ..driver.launch.spark.connect_client import bound_release
@@ -210,6 +213,8 @@ class Host:
         self._controller: RunController | None = None
         self._supervisor: Supervisor | None = None  # the current attempt's (or the last one's, once it ended)
         self._ended_status: link.Status | None = None
+        self._credentials: link.Credentials | None = None  # the submitting client's, for the MLflow run
+        self._credentials_came = threading.Event()
 
     # what the link's peers ask
 
@@ -227,6 +232,12 @@ class Host:
 
     def cancel(self) -> None:
         self._cancel_asked = True
+
+    def take_credentials(self, credentials: link.Credentials) -> None:
+        """The submitting client's MLflow credentials (the first that came are kept)."""
+        if not self._credentials_came.is_set():
+            self._credentials = credentials
+            self._credentials_came.set()
 
     def attached(self, peer: object, joined: bool) -> None:
         with self._lock:
@@ -274,7 +285,7 @@ class Host:
                 try:
                     keepalive = _KeepAlive([run_session], spec.keepalive_s)
                     try:
-                        self._supervise(run_session, keepalive)
+                        self._supervise(keepalive)
                         self._keep_outcome()
                     finally:
                         keepalive.stop()
@@ -323,12 +334,33 @@ class Host:
                 return
             time.sleep(_FAILURE_POLL_S)
 
-    def _supervise(self, run_session: SparkSession, keepalive: _KeepAlive) -> None:
-        # the submitter's MLflow credentials where the run's MLflow run reads them: its client here, rank 0's env
-        with auth_environment(self.spec.mlflow_auth):
-            self._supervise_tracked(run_session, keepalive)
+    def _supervise(self, keepalive: _KeepAlive) -> None:
+        # the submitter's MLflow credentials, once they came, where the run's MLflow run reads them: its client
+        # here, rank 0's environment; as they were after the run
+        with contextlib.ExitStack() as mlflow_auth:
+            self._supervise_tracked(keepalive, mlflow_auth)
 
-    def _supervise_tracked(self, run_session: SparkSession, keepalive: _KeepAlive) -> None:
+    def _mlflow_settings(self, mlflow_auth: contextlib.ExitStack) -> MlflowSettings | None:
+        """The run's MLflow settings with the tracking URI and credentials the submitting client sent over the link
+        (``mlflow_auth`` holds them in this process's environment); LaunchError when none came in time."""
+        if self.spec.mlflow is None:
+            return None
+        deadline = time.monotonic() + CREDENTIALS_WAIT_S
+        while not self._credentials_came.wait(0.2):
+            if self._cancelled():
+                raise RunCancelledError(f"{self.spec.naming.runner}: the run was cancelled before its ranks started")
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"{self.spec.naming.runner}: the submitting process did not hand the run's host its MLflow "
+                    f"tracking URI and credentials within {CREDENTIALS_WAIT_S:g}s (it ended as the run started?): "
+                    "the run did not start; submit it again"
+                )
+        credentials = self._credentials
+        assert credentials is not None
+        mlflow_auth.enter_context(auth_environment(credentials.env))
+        return dataclasses.replace(self.spec.mlflow, tracking_uri=credentials.tracking_uri)
+
+    def _supervise_tracked(self, keepalive: _KeepAlive, mlflow_auth: contextlib.ExitStack) -> None:
         from ..driver.tracking.mlflow_run import start_mlflow_run
         from ..driver.tracking.progress import RunProgress
 
@@ -341,13 +373,10 @@ class Host:
         ranks: SparkSession | None = None
         tracking: MlflowRun | None = None
         try:
-            ranks = open_session(spec.connection, None)
+            ranks = open_session(spec.connection, spec.ranks_session)
             keepalive.add(ranks)
-            carry_settings(ranks, spec.session_conf)
-            with contextlib.suppress(Exception):  # (only a cancel without a link reads it)
-                run_session.conf.set(link.RANKS_CONF, ranks.session_id)
             tracking = start_mlflow_run(
-                spec.mlflow,
+                self._mlflow_settings(mlflow_auth),
                 spec.naming.runner,
                 spec.size,
                 spec.mlflow_params,
@@ -423,6 +452,12 @@ class Host:
             naming=spec.naming,
             run_host_slots=HOST_SLOTS,  # this task's own: its ranks wait for slots beside it
         )
+        if spec.cpu_only:  # this task holds a core and no GPU: no slot of the ranks' (capacity.CpuTasks)
+            from ..driver.launch.spark.capacity import CpuTasks
+            from ..driver.launch.spark.connect import ConnectApp
+
+            assert isinstance(launcher.app, ConnectApp)
+            launcher.app.beside = CpuTasks(running=1)
         if previous is not None:
             launcher.shard_plan = previous.shard_plan
         elif spec.dataframe is not None:  # a run on a DataFrame: built here from its recipe, then its shards planned
@@ -544,7 +579,7 @@ class _LinkServer:
         conf = session_conf(run_session)
         spec = host.spec
         where = connect_driver_address(conf, run_session.client.host, is_local(conf("spark.master") or ""), spec.naming)
-        self._certificate = RunCertificate.new() if spec.channel_tls else None
+        self._certificate = RunCertificate.new()  # always: whatever Spark encrypts (docs/security.md)
         self._secret = new_secret()
         try:
             self._listener = listening_socket(where.bind, 0, 16)  # (any free port: the link is found by its session)
@@ -560,7 +595,7 @@ class _LinkServer:
             where.advertised,
             self._listener.getsockname()[1],
             self._secret.hex(),
-            self._certificate.fingerprint if self._certificate else None,
+            self._certificate.fingerprint,
             socket.gethostname(),
             os.getpid(),
             spec.liveness.interval_s,
@@ -569,11 +604,10 @@ class _LinkServer:
         self._thread = threading.Thread(target=self._serve, name="hvd-link", daemon=True)
         self._thread.start()
         log.info(
-            "%s: this run's host listens for its clients at %s:%d%s",
+            "%s: this run's host listens for its clients at %s:%d, TLS 1.3",
             spec.naming.runner,
             self.address.host,
             self.address.port,
-            ", TLS 1.3" if self._certificate else "",
         )
 
     def _serve(self) -> None:
@@ -588,9 +622,7 @@ class _LinkServer:
 
     def _admit(self, sock: socket.socket, peer: tuple[str, int]) -> None:
         try:
-            sock, stream = link.accept_link(
-                sock, self._secret, self._certificate.context if self._certificate else None
-            )
+            sock, stream = link.accept_link(sock, self._secret, self._certificate.context)
             try:
                 attach = link.receive(stream)
             except EOFError:  # a probe (a later attempt of this host's task asks whether it is alive)
@@ -654,6 +686,8 @@ class _Peer:
                 self._host.cancel()
             elif isinstance(message, link.Fetched):
                 self._host.has_outcome(self, fetched=True)
+            elif isinstance(message, link.Credentials):
+                self._host.take_credentials(message)
 
     def _write(self) -> None:
         host, ring = self._host, self._host.ring
@@ -702,13 +736,15 @@ class _Peer:
         link.send(self._stream, message)
 
 
-def host_task(spec: HostSpec, read_job: Callable[[], bytes]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function of the run's one-task operation (``mapInArrow``): the host, in an executor."""
+def host_task(read_job: Callable[[], bytes]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function of the run's one-task operation (``mapInArrow`` over its spec's row): the host, in an
+    executor."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from pyspark import TaskContext
 
+        spec = read_spec(batches)
         context = TaskContext.get()
         if context is not None and context.attemptNumber() > 0:
             later_attempt(spec.naming.runner, spec.connection, spec.run_session, spec.liveness)

@@ -1,9 +1,10 @@
 """The link between a submitted run's host and the clients attached to it: its messages, and its two ends'
 connection set-up (the host accepts, a client connects).
 
-A link is one TCP connection, TLS 1.3 pinned by the fingerprint of a certificate the host made for it when the
-application has Spark encrypt its traffic (:mod:`..shared.tls`), then the mutual HMAC handshake over the link's
-own secret (:mod:`..shared.wire`), before any frame is read. Frames are those of the driver channel; the kinds
+A link is one TCP connection, always TLS 1.3, pinned by the fingerprint of a certificate the host made for it
+(:mod:`..shared.tls`; whatever Spark encrypts: the client unpickles rank 0's value from it, and the submitting
+client hands the host its MLflow credentials over it), then the mutual HMAC handshake over the link's own secret
+(:mod:`..shared.wire`), before any frame is read. Frames are those of the driver channel; the kinds
 are ``LINK_*``. Both sides send ``LINK_ALIVE`` every heartbeat interval; a side that hears nothing for the
 heartbeat timeout takes the other for gone.
 """
@@ -38,7 +39,7 @@ class LinkAddress:
     # the link's secret, hex: named so that the server's redaction (spark.redaction.regex, which matches "secret",
     # "token", "password") does not hide the value from the session's own clients (a Connect server answers None)
     hmac: str
-    fingerprint: str | None  # the link's TLS certificate (SHA-256, hex), or None: not TLS
+    fingerprint: str  # the link's TLS certificate (SHA-256, hex)
     hostname: str = ""
     pid: int = 0
     interval_s: float = 2.0  # the host's heartbeats (its run's liveness settings)
@@ -163,8 +164,19 @@ class Alive(Message):
     KIND: ClassVar[Kind] = Kind.LINK_ALIVE
 
 
+@dataclass(frozen=True)
+class Credentials(Message):
+    """The submitting client's MLflow tracking URI and credentials (``MLFLOW_TRACKING_PASSWORD``, ...), for the
+    host's MLflow run: sent once attached, so that they are never in the host's plan, which the server may log."""
+
+    KIND: ClassVar[Kind] = Kind.LINK_CREDENTIALS
+    tracking_uri: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
 _BY_KIND: dict[Kind, type[Message]] = {
-    cls.KIND: cls for cls in (Attach, Lines, Ack, Status, Progress, Outcome, LinkResult, Cancel, Fetched, Alive)
+    cls.KIND: cls
+    for cls in (Attach, Lines, Ack, Status, Progress, Outcome, LinkResult, Cancel, Fetched, Alive, Credentials)
 }
 
 
@@ -184,12 +196,12 @@ def decode(kind: Kind, body: Body) -> Message:
     return _BY_KIND[kind].decode(body)
 
 
-def accept_link(sock: socket.socket, secret: bytes, tls: ssl.SSLContext | None) -> tuple[socket.socket, FrameStream]:
-    """The host's end of a new connection: TLS (with the link's certificate) when ``tls``, then the peer must
-    prove ``secret``; ``AuthenticationError``/``OSError``/``ssl.SSLError`` otherwise, before any frame is read.
-    Returns the socket (TLS is done in memory above it, :mod:`..shared.tls`) and its frames."""
+def accept_link(sock: socket.socket, secret: bytes, tls: ssl.SSLContext) -> tuple[socket.socket, FrameStream]:
+    """The host's end of a new connection: TLS with the link's certificate, then the peer must prove ``secret``;
+    ``AuthenticationError``/``OSError``/``ssl.SSLError`` otherwise, before any frame is read. Returns the socket
+    (TLS is done in memory above it, :mod:`..shared.tls`) and its frames."""
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    stream = FrameStream.over_socket(sock) if tls is None else accept_tls(sock, tls)
+    stream = accept_tls(sock, tls)
     handshake = DriverHandshake(secret)
     stream.write_bytes(handshake.nonce)
     stream.write_bytes(handshake.verify(stream.read_bytes(DriverHandshake.ANSWER_BYTES)))
@@ -201,13 +213,8 @@ def connect_link(address: LinkAddress, timeout: float = CONNECT_TIMEOUT_S) -> tu
     link's secret and have the host prove it back."""
     sock = socket.create_connection((address.host, address.port), timeout=timeout)
     try:
-        secret = bytes.fromhex(address.hmac)
-        if address.fingerprint is None:
-            stream = FrameStream.over_socket(sock)
-            connect_handshake(sock, secret)
-        else:
-            stream = connect_tls(sock, address.fingerprint)
-            connect_handshake(sock, secret, over=stream)
+        stream = connect_tls(sock, address.fingerprint, "the run's host")
+        connect_handshake(sock, bytes.fromhex(address.hmac), over=stream)
     except BaseException:
         sock.close()
         raise

@@ -120,6 +120,12 @@ SESSION_KEEPALIVE_S = 60.0
 # start, pyspark's imports and a Connect session of its own: seconds; a fresh server's first Python job: ~20 s).
 HOST_START_TIMEOUT_S = 120.0
 
+# A run with mlflow= has its host wait this long for the submitting client's MLflow tracking URI and credentials
+# (they come over the link, never in the host's plan, which the server may log) before it makes the MLflow run:
+# the client attaches as soon as the host publishes its link, its connect and handshake within CONNECT_TIMEOUT_S
+# and HANDSHAKE_TIMEOUT_S; a client killed meanwhile never sends them, and the run ends before any rank starts.
+CREDENTIALS_WAIT_S = 60.0
+
 # A cancelled run's host keeps its outcome this long for the clients attached then (each has it within the
 # writer's wake, 0.5 s), not until one fetches it: who cancelled wants no value, and a watcher never fetches;
 # the host's task slot is free for the next run within it.
@@ -142,6 +148,7 @@ __all__ = [
     "CANCELLED_OUTCOME_GRACE_S",
     "CONNECT_FIRST_PROGRESS_S",
     "CONNECT_TIMEOUT_S",
+    "CREDENTIALS_WAIT_S",
     "DEFAULT_DETACHED_TIMEOUT_S",
     "DEFAULT_EXIT_TIMEOUT_S",
     "DEFAULT_OUTCOME_TIMEOUT_S",

@@ -1,5 +1,5 @@
 """TLS for the driver channel, when the application has Spark encrypt its own traffic (runs in the driver and in
-each agent).
+each agent), and for a submitted run's link, always (its host and its clients: :mod:`..durable.link`).
 
 The driver makes a self-signed certificate for the run (:class:`RunCertificate`); its SHA-256 fingerprint
 travels to the agents with the run's secret, and an agent accepts only the certificate it names (no CA, no
@@ -59,7 +59,7 @@ class RunCertificate:
     @classmethod
     def new(cls) -> RunCertificate:
         """A fresh self-signed ECDSA P-256 certificate and key."""
-        from cryptography import x509  # only the driver needs it, and only for a run that encrypts
+        from cryptography import x509  # only the driver and a submitted run's host need it
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
@@ -261,8 +261,9 @@ def accept_tls(sock: socket.socket, context: ssl.SSLContext) -> FrameStream:
     return FrameStream(TlsReader(sock, session, plaintext), TlsWriter(sock, session), sock)
 
 
-def connect_tls(sock: socket.socket, pinned: str) -> FrameStream:
-    """The agent's TLS handshake on ``sock``; the driver's certificate must have the fingerprint ``pinned``.
+def connect_tls(sock: socket.socket, pinned: str, peer: str = "the driver channel") -> FrameStream:
+    """The connecting side's TLS handshake on ``sock`` (an agent's to the driver channel, a client's to a submitted
+    run's link: ``peer``); the certificate must have the fingerprint ``pinned``.
 
     Returns the frames through the session (after any plaintext that came with the handshake's end); raises
     :class:`CertificateMismatch` for another certificate, before anything is sent inside TLS.
@@ -270,12 +271,11 @@ def connect_tls(sock: socket.socket, pinned: str) -> FrameStream:
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
     session = TlsSession(_context(server_side=False), server_side=False)
     sock.sendall(session.start())
-    plaintext = _handshake(sock, session, "the driver")
+    plaintext = _handshake(sock, session, peer)
     seen = fingerprint(session.peer_certificate or b"")
     if not hmac.compare_digest(seen, pinned):
         raise CertificateMismatch(
-            f"the driver channel's TLS certificate is not this run's: its SHA-256 fingerprint is {seen}, the run's "
-            f"is {pinned}. Another process answers at that address, or the connection is intercepted; the agent "
-            "refused it."
+            f"{peer}'s TLS certificate is not this run's: its SHA-256 fingerprint is {seen}, the run's is {pinned}. "
+            "Another process answers at that address, or the connection is intercepted; it was refused."
         )
     return FrameStream(TlsReader(sock, session, plaintext), TlsWriter(sock, session), sock)

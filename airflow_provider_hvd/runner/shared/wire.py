@@ -69,6 +69,7 @@ class Kind(enum.IntEnum):
     LINK_CANCEL = 37  # client -> host: end the run
     LINK_FETCHED = 38  # client -> host: the outcome arrived; the host may end
     LINK_ALIVE = 39  # both ways: a heartbeat
+    LINK_CREDENTIALS = 40  # submitting client -> host: MLflow's tracking URI and credentials, kept out of the plan
 
 
 class ConnectionClosed(EOFError):

@@ -31,6 +31,10 @@ HOST_CONF = "spark.driver.host"
 # over Spark Connect, spark.driver.* are the server's: these say what the agents are told, and where to listen
 CONNECT_HOST_CONF = "spark.horovodRunner.driverHost"
 CONNECT_BIND_CONF = "spark.horovodRunner.driverBindAddress"
+#: over Spark Connect, the settings of the client's own address (what its agents are told, where it listens, its
+#: fixed ports: a client in a container sets them): a submitted run's host, on an executor, is not that client
+#: and never takes them (durable/submit.py); tests/test_durable_runs.py holds this to what the code here reads
+CLIENT_ADDRESS_SETTINGS = (CONNECT_HOST_CONF, CONNECT_BIND_CONF, CHANNEL_PORT_CONF, RENDEZVOUS_PORT_CONF)
 _MAX_PORT = 65535
 
 T = TypeVar("T")

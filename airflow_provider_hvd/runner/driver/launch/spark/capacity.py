@@ -22,6 +22,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ....errors import HostSlotError, JobRefusedError, LaunchError, RunCancelledError
@@ -230,18 +231,28 @@ def never_fits_error(
     )
 
 
-def host_slot_error(master: str, size: int, total: int, host: int, naming: RunnerNaming) -> HostSlotError:
+def host_slot_error(
+    master: str, size: int, total: int, host: int, naming: RunnerNaming, *, fit: int | None = None, core: bool = False
+) -> HostSlotError:
     """The refusal of a submitted run whose ``size`` tasks fit a cluster of at most ``total`` slots, and whose
-    host's ``host`` slots do not fit beside them."""
+    host's ``host`` slots do not fit beside them; ``core``: its host's task takes a core and no GPU (its ranks'
+    take GPUs), and the cores are too few. ``fit``: the tasks that fit beside the host (``total - host``)."""
     ranks = size * naming.per_task
+    fit = total - host if fit is None else fit
+    needs = (
+        f"a submitted run's host needs {host} core beside them (its task takes one CPU and no GPU), which it holds "
+        f"for the whole run, and the executors' cores leave none"
+        if core
+        else f"a submitted run needs {host} more for its host, which holds it for the whole run: {size + host} at once"
+    )
     reason = (
         f"{naming.call(ranks)}'s {ranks} ranks fit the cluster at {master} ({total} Spark task slots at most), but "
-        f"a submitted run needs {host} more for its host, which holds it for the whole run: {size + host} at once"
+        f"{needs}"
     )
-    fix = f"l{naming.lower_to(total - host)[1:]}, " if total > host else ""  # ("lower np to at most 2, ")
+    fix = f"l{naming.lower_to(fit)[1:]}, " if fit > 0 else ""  # ("lower np to at most 2, ")
     return HostSlotError(
-        f"{reason}. Give the cluster one more task slot, {fix}or use run(), whose supervisor is the calling process "
-        "and needs no slot of its own.",
+        f"{reason}. Give the cluster one more {'core' if core else 'task slot'}, {fix}or use run(), whose supervisor "
+        "is the calling process and needs no slot of its own.",
         reason=reason,
     )
 
@@ -273,6 +284,24 @@ def capacity_settings(conf: Callable[[str], str | None]) -> dict[str, str]:
     return {key: value for key in _CAPACITY_CONFS if (value := conf(key)) is not None}
 
 
+@dataclass(frozen=True)
+class CpuTasks:
+    """Tasks of one CPU and no GPU beside a barrier job: a submitted run's host, on a task profile of its own where
+    the job's tasks take GPUs (durable/submit.py). ``pending`` ones are still to start, and each needs a core
+    beside the job's tasks; ``running`` ones are among the application's active tasks, but hold no GPU, so no
+    slot of the job's where GPUs, not cores, limit an executor's slots."""
+
+    pending: int = 0
+    running: int = 0
+
+    def slots(self, job_slots: int, cpu_slots: int) -> int:
+        """The job's slots with these tasks: ``job_slots`` as the executors' slots count them (running ones count
+        among the busy), within ``cpu_slots``, the tasks the executors' cores alone would hold."""
+        if not self.pending and not self.running:
+            return job_slots
+        return min(job_slots + self.running, cpu_slots - self.pending)
+
+
 class SlotCount:
     """What the wait for free task slots asks of an application, known by its master URL and its conf getter: the
     most slots it could ever have, the refusal of a job that can never fit, the notes of the wait's reports; what
@@ -288,6 +317,7 @@ class SlotCount:
         self.host_slots = 0  # the slots a submitted run's host holds beside its ranks' (durable/submit.py)
         self.host_running = False  # the wait is that host's own, for its ranks: its slots are among the busy ones
         self.lost_hosts: tuple[str, ...] = ()  # hosts whose executors are not counted (a restart's: they were lost)
+        self.beside = CpuTasks()  # or its task of one CPU and no GPU, beside the ranks' slots (durable/submit.py)
 
     def needed(self, size: int) -> int:
         """The free slots a job of ``size`` tasks waits for: its host's too, unless the host holds them already."""
@@ -308,21 +338,32 @@ class SlotCount:
     def _state(self) -> dict[str, Any] | None:
         return state_of(self.master, self.conf)[0]
 
-    def at_most(self) -> int | None:
-        """The most task slots the application could ever have, or None where that cannot be known (YARN, k8s)."""
+    def at_most(self, beside: CpuTasks | None = None) -> int | None:
+        """The most task slots the application could ever have for the job beside the run's CPU-only tasks
+        (:attr:`beside` unless given), or None where that cannot be known (YARN, k8s)."""
+        beside = self.beside if beside is None else beside
         if is_local(self.master):
             task_cpus = int(self.settings.get("spark.task.cpus") or 1)
-            return local_slots(self.master, task_cpus, self.local_cores() if "*" in self.master else None)
+            slots = local_slots(self.master, task_cpus, self.local_cores() if "*" in self.master else None)
+            return None if slots is None else beside.slots(slots, slots)
         state = self._state()
-        return None if state is None else standalone_capacity(state, self.settings)
+        if state is None:
+            return None
+        cpu_slots = standalone_capacity(state, self.settings, count_gpus=False)
+        return beside.slots(standalone_capacity(state, self.settings), cpu_slots)
 
     def fits(self, size: int, total: int | None) -> None:
-        """Refuse a job of ``size`` tasks (and :attr:`host_slots`) that a cluster of ``total`` slots at most (None:
-        unknown) can never hold: HostSlotError where only the host's slots are too many."""
+        """Refuse a job of ``size`` tasks (and :attr:`host_slots`, or :attr:`beside`'s pending tasks) that a
+        cluster of ``total`` slots at most (None: unknown) can never hold: HostSlotError where only the host's
+        slots, or its core, are too many."""
         if total is None or total >= size + self.host_slots:
             return
         if self.host_slots and total >= size:
             raise host_slot_error(self.master, size, total, self.host_slots, self.naming)
+        if self.beside.pending:  # the job alone would fit: the host's core is too many
+            alone = self.at_most(CpuTasks(running=self.beside.running))
+            if alone is not None and alone >= size:
+                raise host_slot_error(self.master, size, alone, self.beside.pending, self.naming, fit=total, core=True)
         raise never_fits_error(self.master, size, total, self.settings, self._state(), self.naming, self.host_slots)
 
     def unknown_note(self) -> str:
@@ -342,10 +383,10 @@ class ClassicSlots(SlotCount):
     def now(self) -> tuple[int, int]:
         return slots_now(self.sc), busy_slots(self.sc)
 
-    def at_most(self) -> int | None:
+    def at_most(self, beside: CpuTasks | None = None) -> int | None:
         if is_local(self.master):
             return slots_now(self.sc)  # the driver's own threads: all there from the start (local[*] too)
-        return super().at_most()
+        return super().at_most(beside)
 
     def stopped(self, size: int) -> str | None:
         if self.sc._jsc is not None and not self.sc._jsc.sc().isStopped():
@@ -381,7 +422,9 @@ class ConnectSlots(SlotCount):
 
     def now(self) -> tuple[int, int]:
         assert self.ui is not None, "the server's UI counts the slots"
-        return executor_slots(self.ui, self.app_id, self.lost_hosts)
+        task_cpus = int(self.settings.get("spark.task.cpus") or 1)
+        slots, busy, cpu_slots = executor_slots(self.ui, self.app_id, task_cpus, self.lost_hosts)
+        return self.beside.slots(slots, cpu_slots), busy
 
     def stopped(self, size: int) -> str | None:
         why = self._stopped()
@@ -404,6 +447,7 @@ def check_connect_slots(
     host_slots: int = 0,
     host_running: bool = False,
     cores: Callable[[], int | None] = lambda: None,
+    beside: CpuTasks | None = None,
 ) -> None:
     """Over Spark Connect: refuse at once a job of ``size`` tasks that can never fit, where that can be known
     (a local master's cores, a standalone master's ``/json/``), and wait up to ``timeout`` seconds for ``size``
@@ -411,10 +455,13 @@ def check_connect_slots(
     counted (the client has no SparkContext): the barrier stage then waits in Spark's scheduler, as long as the
     run's ``start_timeout``, which is said. ``host_slots``: a submitted run's host's, counted beside them
     (HostSlotError where only they do not fit); ``host_running``: the host runs already (this is its wait for its
-    ranks' slots), and holds its own among the busy ones. ``cores``: a ``local[*]`` server's cores."""
+    ranks' slots), and holds its own among the busy ones. ``cores``: a ``local[*]`` server's cores. ``beside``:
+    the run's tasks of one CPU beside the job's instead (a submitted run's host where the job's tasks take GPUs:
+    HostSlotError where only its core does not fit)."""
     refuse_dynamic_allocation(conf, size)
     count = ConnectSlots(master, conf, where, stopped, naming, cores)
     count.host_slots, count.host_running = host_slots, host_running
+    count.beside = beside or CpuTasks()
     total = count.at_most()
     count.fits(size, total)
     count.ui, no_ui = server_ui(conf)

@@ -26,7 +26,7 @@ from ....shared.timing import CONNECT_FIRST_PROGRESS_S
 from ...events import TaskCounts
 from ..address import DriverAddress, connect_driver_address, is_loopback
 from .app import BarrierTask, JobStatus, arrow_barrier
-from .capacity import ConnectSlots, check_connect_slots, jvm_mebibytes, spark_bytes, wait_for_restart_slots
+from .capacity import ConnectSlots, CpuTasks, check_connect_slots, jvm_mebibytes, spark_bytes, wait_for_restart_slots
 from .cluster import is_local, session_conf
 from .connect_client import endpoint, interrupt_tag, is_tls
 from .server_ui import server_ui
@@ -229,6 +229,7 @@ class ConnectApp:
         self.shares_stderr = False  # the executors' stderr is the server's, never this process's
         self.status: JobStatus = NoStatus()
         self._tag = tag  # (the launcher's group: its operations are tagged with it)
+        self.beside = CpuTasks()  # the run's tasks of one CPU beside its barrier job's (a submitted run's host)
         self._progress = OperationProgress(spark)
 
     def where(self) -> str:
@@ -254,6 +255,7 @@ class ConnectApp:
             host_slots or self.run_host_slots,
             host_running=bool(self.run_host_slots),
             cores=lambda: local_cores(self.spark),
+            beside=self.beside,
         )
 
     def restart_slots(

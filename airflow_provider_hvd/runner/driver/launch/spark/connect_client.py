@@ -32,6 +32,7 @@ PARTS = {
     "SparkConnectClient._builder._params": "submit() cannot start a run: it opens sessions like the client's",
     "SparkConnectClient._get_operation_statuses": "attach() to an unknown id leaves the empty session it opened",
     "SparkConnectClient._release_session_on_exit": "SPARK_CONNECT_RELEASE_SESSION_ON_EXIT ends submitted runs",
+    "SparkConnectClient._create_profile": "a submitted run's host takes a GPU on GPU clusters",
 }
 _CANCEL = ("SparkConnectClient._interrupt_request", "SparkConnectClient._stub", "SparkConnectClient._builder.metadata")
 _warned: set[str] = set()
@@ -156,3 +157,25 @@ def keep_session_on_exit(spark: SparkSession) -> None:
         _lacks("SparkConnectClient._release_session_on_exit")
         return
     client._release_session_on_exit = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskProfile:
+    """A resource profile the server made, as ``mapInArrow(..., profile=)`` takes it (it reads the ``id``)."""
+
+    id: int
+
+
+def cpu_task_profile(spark: SparkSession, cpus: int = 1) -> TaskProfile | None:
+    """A task resource profile of ``cpus`` CPUs and nothing else (no GPU), made on the session's server; None where
+    pyspark cannot make one (its public ``ResourceProfile`` needs pyspark's Connect mode for the whole process)."""
+    client: Any = spark.client
+    if not _has(client, "SparkConnectClient._create_profile"):
+        _lacks("SparkConnectClient._create_profile")
+        return None
+    from pyspark.sql.connect.proto import common_pb2
+
+    request = common_pb2.ResourceProfile(
+        task_resources={"cpus": common_pb2.TaskResourceRequest(resource_name="cpus", amount=float(cpus))}
+    )
+    return TaskProfile(int(client._create_profile(request)))

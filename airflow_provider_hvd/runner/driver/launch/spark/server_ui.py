@@ -1,6 +1,6 @@
 """A Spark Connect server's own Spark UI: where it is (the port that lists the server's application), and what its
 REST API says of the application's task slots (``/api/v1/applications/<app>/executors``: each executor's
-``maxTasks`` and ``activeTasks``), the count a client without a SparkContext has.
+``maxTasks``, ``activeTasks`` and ``totalCores``), the count a client without a SparkContext has.
 """
 
 from __future__ import annotations
@@ -64,9 +64,11 @@ def server_ui(conf: Callable[[str], str | None]) -> tuple[str | None, str]:
     return server_ui_url(host, first, int(conf("spark.port.maxRetries") or PORT_RETRIES), app_id)
 
 
-def executor_slots(ui: str, app_id: str, lost_hosts: tuple[str, ...] = ()) -> tuple[int, int]:
-    """The application's task slots and how many of them its running tasks hold, from its executors' summary
-    (OSError or ValueError where the UI does not answer with one); the executors on ``lost_hosts`` left out."""
+def executor_slots(ui: str, app_id: str, task_cpus: int = 1, lost_hosts: tuple[str, ...] = ()) -> tuple[int, int, int]:
+    """The application's task slots, how many of them its running tasks hold, and how many tasks of ``task_cpus``
+    CPUs its executors' cores alone would hold (more than its slots where GPUs limit them), from its executors'
+    summary (OSError or ValueError where the UI does not answer with one); the executors on ``lost_hosts`` left
+    out."""
     executors = _get(f"{ui}/api/v1/applications/{app_id}/executors")
     if not isinstance(executors, list):
         raise ValueError(f"{ui}/api/v1/applications/{app_id}/executors is not a list of executors")
@@ -78,4 +80,8 @@ def executor_slots(ui: str, app_id: str, lost_hosts: tuple[str, ...] = ()) -> tu
         and not e.get("isExcluded")
         and str(e.get("hostPort", "")).rpartition(":")[0].strip("[]") not in lost_hosts
     ]
-    return sum(int(e.get("maxTasks", 0)) for e in active), sum(int(e.get("activeTasks", 0)) for e in active)
+    return (
+        sum(int(e.get("maxTasks", 0)) for e in active),
+        sum(int(e.get("activeTasks", 0)) for e in active),
+        sum(int(e.get("totalCores", 0)) // task_cpus for e in active),
+    )
