@@ -197,6 +197,12 @@ def submit_run(
             announce(ident.dumps())
         operation = _Operation(run_session, spec, payload, profile)
         del payload
+        log.info(
+            "%s: starting the run's host %s: one Spark task, which says where it listens once it runs (seconds; "
+            "the first Python task on a fresh server waits for its Python worker to start)",
+            runner,
+            app.where(),
+        )
         address = _host_address(run_session, operation, runner, app.where(), cancelled)
         log.info("%s: submitted; its host runs at %s:%d (%s)", runner, address.host, address.port, ident.describe())
         job = Job(ident, run_session, progress_sink, on_mlflow_run=on_mlflow_run)
