@@ -23,6 +23,8 @@ def test_the_timings_relate_as_their_reasons_say():
     assert timing.ABORT_WAIT_S > reaper.TERMINATE_GRACE_S + reaper.LEFTOVER_GRACE_S
     # the driver waits for every agent's stacks longer than an agent waits for its rank's
     assert timing.STACKS_WAIT_S > timing.STACKS_ANSWER_WAIT_S
+    # a successful run's end waits for its executors to drop the job's broadcast within its wait for the launch's end
+    assert timing.BROADCAST_DROP_WAIT_S < timing.LAUNCH_END_WAIT_S
     # the ranks' exit work gets a generous grace by default, once the run has succeeded
     assert timing.DEFAULT_EXIT_TIMEOUT_S >= 120 > timing.EXIT_AFTER_REPORT_S
     # the run's end waits on a progress store that does not answer a few seconds only

@@ -75,6 +75,12 @@ ABORT_WAIT_S = 15.0
 # intruder took its place, fails the run before rank 0's result is read (docs/security.md). Then the run goes on.
 LAUNCH_END_WAIT_S = 30.0
 
+# A successful run's job broadcast is destroyed with each executor's answer awaited (none is still on its way when
+# the application stops), but this long at most: an executor whose host vanished answers only at Spark's ask
+# timeout (spark.rpc.askTimeout, 120 s by default), and Spark asks it until it declares it lost. A live executor
+# answers within moments, a second or two on a loaded host. Below LAUNCH_END_WAIT_S, which covers this wait.
+BROADCAST_DROP_WAIT_S = 10.0
+
 # A rank that reported its error but does not exit (a thread main left running) is ended after this. A rank
 # whose main returned is waited for instead: its exit work gets exit_timeout, once every rank returned.
 EXIT_AFTER_REPORT_S = 10.0
@@ -145,6 +151,7 @@ HOST_UNREACHABLE_WAIT_S = 30.0
 
 __all__ = [
     "ABORT_WAIT_S",
+    "BROADCAST_DROP_WAIT_S",
     "CANCELLED_OUTCOME_GRACE_S",
     "CONNECT_FIRST_PROGRESS_S",
     "CONNECT_TIMEOUT_S",

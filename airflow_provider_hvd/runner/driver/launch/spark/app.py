@@ -92,7 +92,8 @@ class SparkApp(Protocol):
     def unship(self, tasks_running: bool = False) -> None:
         """Drop the copies of the job that Spark holds for this run, where they can be dropped; with
         ``tasks_running``, only those that the tasks still running do not need. Without, it returns once every
-        executor has dropped its copy (Spark's own timeout bounds the wait)."""
+        executor has dropped its copy, or after ``BROADCAST_DROP_WAIT_S`` (an executor whose host vanished answers
+        only at Spark's ask timeout)."""
 
     def stopped(self) -> str | None:
         """Why the run cannot go on when the application has stopped; None while it runs."""

@@ -8,11 +8,13 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ....shared.naming import HOROVOD_RUNNER, RunnerNaming
+from ....shared.timing import BROADCAST_DROP_WAIT_S
 from ...events import TaskCounts
 from ..address import DriverAddress, spark_driver_address
 from .app import BarrierTask, JobStatus, arrow_barrier
@@ -36,6 +38,17 @@ def read_broadcast(payload: Broadcast[bytes]) -> bytes:
     # should stay there while the rank trains, nor after the run
     vars(payload).pop("_value", None)
     return job
+
+
+def _drop(payload: Broadcast[bytes], destroy: bool) -> None:
+    """Destroy ``payload`` everywhere, each executor's answer awaited; or only unpersist the executors' copies."""
+    try:
+        if destroy:
+            payload.destroy(blocking=True)
+        else:
+            payload.unpersist(blocking=False)
+    except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
+        pass
 
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -213,17 +226,25 @@ class ClassicApp:
 
     def unship(self, tasks_running: bool = False) -> None:
         payload, self._payload = self._payload, None
-        if payload is not None:
-            try:
-                if tasks_running:  # a task reads the driver's copy: only the executors' cached copies go
-                    payload.unpersist(blocking=False)
-                else:
-                    # the driver's and the executors' copies, each executor's answer awaited: one still on its way
-                    # when the application stops (an Airflow task's stops right after its run) is an error in
-                    # Spark's log ("Still have 1 requests outstanding when connection ... is closed")
-                    payload.destroy(blocking=True)
-            except Exception:  # noqa: BLE001 - the SparkContext may be gone, and its copies with it
-                pass
+        if payload is None:
+            return
+        if tasks_running:  # a task reads the driver's copy: only the executors' cached copies go
+            _drop(payload, destroy=False)
+            return
+        # the driver's and the executors' copies, each executor's answer awaited: one still on its way when the
+        # application stops (an Airflow task's stops right after its run) is an error in Spark's log ("Still have 1
+        # requests outstanding when connection ... is closed"). But not for long: an executor on a host that
+        # vanished (Spark asks it until it declares it lost) answers only at Spark's ask timeout, minutes later
+        drop = threading.Thread(target=_drop, args=(payload, True), name="hvd-broadcast-drop", daemon=True)
+        drop.start()
+        drop.join(timeout=BROADCAST_DROP_WAIT_S)
+        if drop.is_alive():
+            log.info(
+                "%s: an executor did not answer within %.0fs that it dropped the job's broadcast (its host may be "
+                "gone): the rest of its removal is left to Spark",
+                self.naming.runner,
+                BROADCAST_DROP_WAIT_S,
+            )
 
     def stopped(self) -> str | None:
         try:
