@@ -112,7 +112,7 @@ def test_both_runners_run_over_sc_localhost_where_localhost_is_ipv6(ipv6_localho
     assert results["torch over IPv6"] == {"sum": 3.0, "master_addr": "::1"}
     assert re.search(r"driver channel on \[::1\]:\d+", said) and "TCPStore) on [::1]:" in said, said[-4000:]
     assert results["horovod over IPv6"] == (
-        "LaunchError: Horovod's ranks cannot reach the driver at ::1 (spark.horovodRunner.driverHost=::1): "
+        "JobRefusedError: Horovod's ranks cannot reach the driver at ::1 (spark.horovodRunner.driverHost=::1): "
         "Horovod's Gloo rendezvous takes IPv4 only (its ranks' HTTP client). Set spark.horovodRunner.driverHost to "
         "an IPv4 address of this host that the executors reach (TorchDistributor's ranks work over IPv6 too)."
     )
