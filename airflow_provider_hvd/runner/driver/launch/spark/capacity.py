@@ -319,6 +319,11 @@ class SlotCount:
         self.lost_hosts: tuple[str, ...] = ()  # hosts whose executors are not counted (a restart's: they were lost)
         self.beside = CpuTasks()  # or its task of one CPU and no GPU, beside the ranks' slots (durable/submit.py)
 
+    @property
+    def task_cpus(self) -> int:
+        """The CPUs each task takes (``spark.task.cpus``)."""
+        return int(self.settings.get("spark.task.cpus") or 1)
+
     def needed(self, size: int) -> int:
         """The free slots a job of ``size`` tasks waits for: its host's too, unless the host holds them already."""
         return size if self.host_running else size + self.host_slots
@@ -343,8 +348,7 @@ class SlotCount:
         (:attr:`beside` unless given), or None where that cannot be known (YARN, k8s)."""
         beside = self.beside if beside is None else beside
         if is_local(self.master):
-            task_cpus = int(self.settings.get("spark.task.cpus") or 1)
-            slots = local_slots(self.master, task_cpus, self.local_cores() if "*" in self.master else None)
+            slots = local_slots(self.master, self.task_cpus, self.local_cores() if "*" in self.master else None)
             return None if slots is None else beside.slots(slots, slots)
         state = self._state()
         if state is None:
@@ -422,8 +426,7 @@ class ConnectSlots(SlotCount):
 
     def now(self) -> tuple[int, int]:
         assert self.ui is not None, "the server's UI counts the slots"
-        task_cpus = int(self.settings.get("spark.task.cpus") or 1)
-        slots, busy, cpu_slots = executor_slots(self.ui, self.app_id, task_cpus, self.lost_hosts)
+        slots, busy, cpu_slots = executor_slots(self.ui, self.app_id, self.task_cpus, self.lost_hosts)
         return self.beside.slots(slots, cpu_slots), busy
 
     def stopped(self, size: int) -> str | None:
