@@ -322,6 +322,46 @@ def test_a_reaper_sent_many_sigterms_still_ends_what_is_below_it():
     assert not left, f"{len(left)} of 10 rank children outlived their reaper"
 
 
+SIGTERMED_AS_ITS_RANK_STARTS = """
+import os, signal, subprocess, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import reaper
+
+class SignalledAsItStarts(subprocess.Popen):  # the agent's SIGTERM after the rank's fork, before its pid is returned
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+subprocess.Popen = SignalledAsItStarts
+reaper.main([str(os.getppid()), sys.executable, "-c", "import time; time.sleep(120)", sys.argv[2]])
+"""
+
+
+def test_a_reaper_sent_sigterm_as_its_rank_starts_ends_the_rank():
+    """Before: a SIGTERM while the reaper's Popen waited for the rank's exec (a cancel right as the ranks start)
+    ended the reaper without the rank's pid, and the rank lived on, holding its stdin: the agent's feed of a job
+    larger than a pipe hung, and run() with it (2 to 5 of 200 cancels 10-50 ms after a reaper's start)."""
+    from airflow_provider_hvd.runner import reaper
+
+    tag = f"hvd-rank-{uuid.uuid4().hex}"
+    read, write = os.pipe()
+    try:
+        harness = subprocess.run(
+            [sys.executable, "-c", SIGTERMED_AS_ITS_RANK_STARTS, reaper.__file__, tag],
+            env={**os.environ, reaper.CONTROL_FD_ENV: str(write)},
+            pass_fds=(write,),
+            timeout=60,
+        )
+    finally:
+        os.close(read)
+        os.close(write)
+    left = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
+    for process in left:
+        process.kill()
+    assert not left, "the rank outlived its reaper"
+    assert harness.returncode == -signal.SIGTERM  # the reaper exits the way the rank did: ended by its SIGTERM
+
+
 def test_cgroup_v2_files_are_read(tmp_path):
     """cgroup v2 (memory.events, memory.max, memory.peak) as the agent reads it; this machine has v1 for memory."""
     parent = tmp_path / "kubepods" / "pod1"

@@ -33,12 +33,27 @@ class _Terminate(Exception):
     pass
 
 
+# While the rank starts, a SIGTERM is held until its pid is known: raised inside Popen (which waits for the rank's
+# exec), it would end the reaper with the rank already forked and nobody to end it.
+_sigterm = {"held": False, "came": False}
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     # Once: a dying agent sends several (the parent-death signal comes each time the kernel hands the reaper to
     # another of the agent's threads as they exit). A second one raised while the first is handled (a later
     # signal.signal() runs pending handlers first) would end the reaper before it ended what is below it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if _sigterm["held"]:
+        _sigterm["came"] = True
+        return
     raise _Terminate
+
+
+def _release_sigterm() -> None:
+    """The rank's pid is known: a SIGTERM held meanwhile acts now, and any later one at once."""
+    _sigterm["held"] = False
+    if _sigterm["came"]:
+        raise _Terminate
 
 
 def descendants(root: int) -> list[int]:
@@ -147,12 +162,14 @@ def main(argv: list[str]) -> None:
     control_fd = int(os.environ[CONTROL_FD_ENV])
     rank = None
     try:
+        _sigterm["held"] = True
         rank = subprocess.Popen(
             command,
             env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
             pass_fds=(control_fd,),
             start_new_session=True,  # its own process group: the agent's terminal signals do not reach it
         )
+        _release_sigterm()
         # keep none of the rank's pipes open: the agent sees their end once the rank and its children are gone
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
