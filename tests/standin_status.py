@@ -129,9 +129,11 @@ class StandInSparkContext:
                 numFailedTasks=len(job.failed),
             ),
         )
+        barrier_graph = _Java(calls, rootCluster=_Java(calls, barrier=True))  # (an RDD's barrier stage)
         store = _Java(
             calls,
             taskList=task_list,
+            operationGraphForStage=lambda stage_id: barrier_graph,
             lastStageAttempt=lambda stage_id: _Java(
                 calls,
                 attemptId=0,

@@ -101,6 +101,48 @@ def test_a_clean_up_that_raises_neither_hides_the_runs_error_nor_skips_the_other
     assert_all_gone([int(p.read_text()) for p in Path(pid_dir).glob("rank-*.pid")], within=15)
 
 
+def kill_a_barrier_task(sc, reason: str) -> int:
+    """Kill one running task of the active barrier stage as the kill link of Spark's UI does; its index."""
+    jvm, store = sc._jvm, sc._jsc.sc().statusStore()
+    v1 = jvm.org.apache.spark.status.api.v1
+    for stage_id in sc.statusTracker().getActiveStageIds():
+        stage = store.lastStageAttempt(stage_id)
+        running = jvm.java.util.Collections.singletonList(v1.TaskStatus.RUNNING)
+        tasks = store.taskList(stage_id, stage.attemptId(), 0, 10, v1.TaskSorting.ID, running)
+        if tasks.nonEmpty():
+            task = tasks.last()
+            sc._jsc.sc().killTaskAttempt(task.taskId(), True, reason)
+            return int(task.index())
+    raise AssertionError("no running barrier task")
+
+
+def test_a_task_of_a_dataframe_run_killed_from_outside_is_named_with_sparks_reason(spark_local, tmp_path):
+    """Before: the run's status followed the first Spark job of its job group, the one adaptive execution runs
+    for the DataFrame's shuffle, not the barrier job: a barrier task killed from outside went unnamed."""
+    pid_dir = str(tmp_path)
+    df = spark_local.range(0, 40, numPartitions=4).repartition(2)  # a shuffle: a job of its own before the barrier
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            HorovodRunner(np=2).run_on_dataframe(sleep_and_record, df, pid_dir=pid_dir)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    pids = wait_for_pids(pid_dir, 2, timeout=180)
+    index = kill_a_barrier_task(spark_local.sparkContext, "killed via the Web UI")
+    thread.join(120)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), HorovodRunnerError), outcome
+    assert re.search(
+        rf"Spark task {index} \(attempt 0\) was killed on executor driver \(\S+\): killed via the Web UI",
+        str(outcome["error"]),
+    ), str(outcome["error"])
+    assert_all_gone(pids, within=15)
+
+
 @pytest.mark.parametrize("attempt", [1, 2])  # which of the job's failure and the agents' loss comes first varies
 def test_a_job_killed_from_outside_is_reported_as_killed_with_sparks_reason(spark_local, tmp_path, attempt):
     """Before: "Job 0 cancelled" or "its agent ... was lost: the connection was closed", by timing."""

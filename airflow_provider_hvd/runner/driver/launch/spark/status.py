@@ -1,8 +1,9 @@
 """What Spark's status store says of a run's barrier job (runs in the driver, for :mod:`.barrier`).
 
-A poll reads the failed and killed task counters of the job's stage (a stage's, not the job's: Spark stops
-counting a job's tasks once the job has ended, and a cancelled job ends before its tasks do): the same few py4j
-calls whatever the number of ranks.
+The barrier job is the one of the run's job group whose result stage is a barrier stage (a DataFrame's run has
+others in the group before it). A poll reads the failed and killed task counters of the job's stage (a stage's,
+not the job's: Spark stops counting a job's tasks once the job has ended, and a cancelled job ends before its
+tasks do): the same few py4j calls whatever the number of ranks.
 Only when a counter moved are the tasks listed, and then only those FAILED (filtered in the JVM), and those
 KILLED when none failed (all of them then: a run whose job was killed from outside is ending).
 A KILLED task is one that something other than its rank ended: Spark after another task of the barrier stage
@@ -31,6 +32,7 @@ class BarrierJobStatus:
         self._group = group
         self._job_id: int | None = None
         self._stage_ids: list[int] = []
+        self._other_jobs: set[int] = set()  # jobs of the group that are not the barrier job (a DataFrame's)
         self._jvm_objects: tuple[Any, Any] | None = None  # the JVM's status tracker and store, asked for once
         self._counted: list[tuple[int, int]] = []  # per stage: (attempt, failed + killed tasks) when last listed
         self.failed: dict[Task, str] = {}
@@ -48,17 +50,28 @@ class BarrierJobStatus:
     def poll(self) -> None:
         """Read the stage's counters; list its failed (and killed) tasks when they moved. Raises what py4j raises."""
         tracker, store = self._jvm_status()
-        if not self._stage_ids:
-            ids = list(tracker.getJobIdsForGroup(self._group))
-            if not ids:
-                return  # not submitted yet
-            self._job_id = int(ids[0])
-            info = tracker.getJobInfo(self._job_id)
-            self._stage_ids = [int(stage) for stage in info.stageIds()] if info is not None else []
+        if not self._stage_ids and not self._find_barrier_job(tracker, store):
+            return  # not submitted yet
         counted = self._stages(store)
         if counted is not None and counted != self._counted:
             self._list(tracker, store, counted)
             self._counted = counted
+
+    def _find_barrier_job(self, tracker: Any, store: Any) -> bool:
+        """Find the group's barrier job: a DataFrame's run has others before it (adaptive execution runs a
+        shuffle's or a broadcast's own job first, in the same group), and the group lists them in no order."""
+        for job_id in map(int, tracker.getJobIdsForGroup(self._group)):
+            if job_id in self._other_jobs:
+                continue
+            info = tracker.getJobInfo(job_id)
+            stage_ids = sorted(int(stage) for stage in info.stageIds()) if info is not None else []
+            barrier = _is_barrier_stage(store, stage_ids[-1]) if stage_ids else None  # (the job's result stage)
+            if barrier:
+                self._job_id, self._stage_ids = job_id, stage_ids
+                return True
+            if barrier is False:
+                self._other_jobs.add(job_id)
+        return False
 
     def _stages(self, store: Any) -> list[tuple[int, int]] | None:
         """Each stage's latest attempt and its failed + killed tasks; None before the status store has them."""
@@ -133,3 +146,13 @@ class BarrierJobStatus:
     def ended(self) -> dict[Task, str]:
         """Spark's reason for each task it ended: failed, else killed from outside the run."""
         return {**self.killed, **self.failed}
+
+
+def _is_barrier_stage(store: Any, stage_id: int) -> bool | None:
+    """Whether the stage runs a barrier RDD (the graph Spark's UI draws tells: the stage's own RDD, an RDD's, or a
+    DataFrame operation's within it); None before the store has it."""
+    try:
+        root = store.operationGraphForStage(stage_id).rootCluster()
+        return bool(root.barrier() or root.getBarrierClusters().nonEmpty())
+    except Exception:  # noqa: BLE001 - submitted, not in the status store yet (its listener runs behind)
+        return None
