@@ -78,6 +78,8 @@ class StandInJob:
     kill_reason: str = "killed via the Web UI"
     job_id: int = 0
     stage_id: int = 0
+    submitted: bool = True  # the barrier job is in the group
+    other_jobs: list[int] = field(default_factory=list)  # before it, in its group: a DataFrame's (one stage each)
 
 
 class StandInSparkContext:
@@ -107,16 +109,28 @@ class StandInSparkContext:
         def task_list(stage_id: int, attempt: int, *args: Any) -> _Java:
             if len(args) == 1:  # taskList(stage, attempt, maxTasks): every task
                 chosen = list(range(job.tasks))
+            elif stage_id != job.stage_id:
+                chosen = []
             else:  # taskList(stage, attempt, offset, length, sortBy, statuses): filtered in the JVM
                 offset, length, _, statuses = args
                 chosen = [i for i in range(job.tasks) if status(i) in statuses][offset : offset + length]
             return _Java(calls, iterator=lambda: _iterator(calls, [task(i) for i in chosen]))
 
+        def graph(stage_id: int) -> _Java:  # (one barrier stage: an RDD's; the others' stages are not)
+            return _Java(calls, rootCluster=_Java(calls, barrier=stage_id == job.stage_id))
+
+        def job_ids(group: str) -> _JavaArray:
+            ids = ([job.job_id] if job.submitted else []) + job.other_jobs  # (newest first, as Spark lists them)
+            return _JavaArray(calls, ids if group == job.group else [])
+
         jtracker = _Java(
             calls,
-            getJobIdsForGroup=lambda group: _JavaArray(calls, [job.job_id] if group == job.group else []),
+            getJobIdsForGroup=job_ids,
             getJobInfo=lambda job_id: _Java(
-                calls, jobId=job_id, stageIds=_JavaArray(calls, [job.stage_id]), status="RUNNING"
+                calls,
+                jobId=job_id,
+                stageIds=_JavaArray(calls, [job.stage_id if job_id == job.job_id else job_id]),
+                status="RUNNING",
             ),
             getStageInfo=lambda stage_id: _Java(
                 calls,
@@ -129,17 +143,16 @@ class StandInSparkContext:
                 numFailedTasks=len(job.failed),
             ),
         )
-        barrier_graph = _Java(calls, rootCluster=_Java(calls, barrier=True))  # (an RDD's barrier stage)
         store = _Java(
             calls,
             taskList=task_list,
-            operationGraphForStage=lambda stage_id: barrier_graph,
-            lastStageAttempt=lambda stage_id: _Java(
+            operationGraphForStage=graph,
+            lastStageAttempt=lambda stage_id: _Java(  # (the other jobs' stages: done, none failed)
                 calls,
                 attemptId=0,
-                numFailedTasks=len(job.failed),
-                numKilledTasks=len(job.killed),
-                numActiveTasks=job.tasks - len(job.failed | job.killed),
+                numFailedTasks=len(job.failed) if stage_id == job.stage_id else 0,
+                numKilledTasks=len(job.killed) if stage_id == job.stage_id else 0,
+                numActiveTasks=job.tasks - len(job.failed | job.killed) if stage_id == job.stage_id else 0,
             ),
         )
         self._jsc = _Java(calls, statusTracker=jtracker, sc=_Java(calls, statusStore=store))

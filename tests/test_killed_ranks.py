@@ -327,27 +327,32 @@ import os, signal, subprocess, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
 import reaper
 
-class SignalledAsItStarts(subprocess.Popen):  # the agent's SIGTERM after the rank's fork, before its pid is returned
+class SignalledAsItStarts(subprocess.Popen):  # the agent's SIGTERM as the reaper forks the rank: before, or after
     def __init__(self, *args, **kwargs):
+        if sys.argv[3] == "before the fork":
+            os.kill(os.getpid(), signal.SIGTERM)
         super().__init__(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if sys.argv[3] == "before its pid is known":
+            os.kill(os.getpid(), signal.SIGTERM)
 
 subprocess.Popen = SignalledAsItStarts
 reaper.main([str(os.getppid()), sys.executable, "-c", "import time; time.sleep(120)", sys.argv[2]])
 """
 
 
-def test_a_reaper_sent_sigterm_as_its_rank_starts_ends_the_rank():
+@pytest.mark.parametrize("when", ["before the fork", "before its pid is known"])
+def test_a_reaper_sent_sigterm_as_its_rank_starts_ends_the_rank_at_once(when):
     """Before: a SIGTERM while the reaper's Popen waited for the rank's exec (a cancel right as the ranks start)
     ended the reaper without the rank's pid, and the rank lived on, holding its stdin: the agent's feed of a job
-    larger than a pipe hung, and run() with it (2 to 5 of 200 cancels 10-50 ms after a reaper's start)."""
+    larger than a pipe hung, and run() with it (2 to 5 of 200 cancels 10-50 ms after a reaper's start). And a
+    SIGTERM before the fork must not be ignored by the rank (SIGKILLed after the reaper's grace, then)."""
     from airflow_provider_hvd.runner import reaper
 
     tag = f"hvd-rank-{uuid.uuid4().hex}"
     read, write = os.pipe()
     try:
         harness = subprocess.run(
-            [sys.executable, "-c", SIGTERMED_AS_ITS_RANK_STARTS, reaper.__file__, tag],
+            [sys.executable, "-c", SIGTERMED_AS_ITS_RANK_STARTS, reaper.__file__, tag, when],
             env={**os.environ, reaper.CONTROL_FD_ENV: str(write)},
             pass_fds=(write,),
             timeout=60,
@@ -359,7 +364,8 @@ def test_a_reaper_sent_sigterm_as_its_rank_starts_ends_the_rank():
     for process in left:
         process.kill()
     assert not left, "the rank outlived its reaper"
-    assert harness.returncode == -signal.SIGTERM  # the reaper exits the way the rank did: ended by its SIGTERM
+    # the reaper exits the way the rank did: ended by its SIGTERM (not SIGKILLed after the grace)
+    assert harness.returncode == -signal.SIGTERM
 
 
 def test_cgroup_v2_files_are_read(tmp_path):

@@ -7,6 +7,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -101,26 +102,41 @@ def test_a_clean_up_that_raises_neither_hides_the_runs_error_nor_skips_the_other
     assert_all_gone([int(p.read_text()) for p in Path(pid_dir).glob("rank-*.pid")], within=15)
 
 
-def kill_a_barrier_task(sc, reason: str) -> int:
+def kill_a_barrier_task(sc, reason: str, within: float = 60.0) -> int:
     """Kill one running task of the active barrier stage as the kill link of Spark's UI does; its index."""
     jvm, store = sc._jvm, sc._jsc.sc().statusStore()
     v1 = jvm.org.apache.spark.status.api.v1
-    for stage_id in sc.statusTracker().getActiveStageIds():
-        stage = store.lastStageAttempt(stage_id)
-        running = jvm.java.util.Collections.singletonList(v1.TaskStatus.RUNNING)
-        tasks = store.taskList(stage_id, stage.attemptId(), 0, 10, v1.TaskSorting.ID, running)
-        if tasks.nonEmpty():
-            task = tasks.last()
-            sc._jsc.sc().killTaskAttempt(task.taskId(), True, reason)
-            return int(task.index())
-    raise AssertionError("no running barrier task")
+    running = jvm.java.util.Collections.singletonList(v1.TaskStatus.RUNNING)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:  # (Spark's status store runs behind its scheduler)
+        for stage_id in sc.statusTracker().getActiveStageIds():
+            stage = store.lastStageAttempt(stage_id)
+            tasks = store.taskList(stage_id, stage.attemptId(), 0, 10, v1.TaskSorting.ID, running)
+            if tasks.nonEmpty():
+                task = tasks.last()
+                sc._jsc.sc().killTaskAttempt(task.taskId(), True, reason)
+                return int(task.index())
+        time.sleep(0.1)
+    raise AssertionError(f"no task of the barrier stage ran within {within:g}s")
+
+
 
 
 def test_a_task_of_a_dataframe_run_killed_from_outside_is_named_with_sparks_reason(spark_local, tmp_path):
     """Before: the run's status followed the first Spark job of its job group, the one adaptive execution runs
     for the DataFrame's shuffle, not the barrier job: a barrier task killed from outside went unnamed."""
     pid_dir = str(tmp_path)
-    df = spark_local.range(0, 40, numPartitions=4).repartition(2)  # a shuffle: a job of its own before the barrier
+    from pyspark.sql import functions
+
+    def slow_first_row(i: int) -> int:
+        import time
+
+        if i == 0:  # the shuffle's job outlasts the status's first polls (once a second)
+            time.sleep(3)
+        return i
+
+    # a shuffle: adaptive execution runs its job before the barrier job, in the run's group
+    df = spark_local.range(0, 40, numPartitions=4).select(functions.udf(slow_first_row, "long")("id")).repartition(2)
     outcome: dict = {}
 
     def run() -> None:
@@ -131,7 +147,11 @@ def test_a_task_of_a_dataframe_run_killed_from_outside_is_named_with_sparks_reas
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    pids = wait_for_pids(pid_dir, 2, timeout=180)
+    deadline = time.monotonic() + 180
+    while len(list(tmp_path.glob("rank-*.pid"))) < 2:
+        assert thread.is_alive() and time.monotonic() < deadline, outcome
+        time.sleep(0.1)
+    pids = wait_for_pids(pid_dir, 2)
     index = kill_a_barrier_task(spark_local.sparkContext, "killed via the Web UI")
     thread.join(120)
     assert not thread.is_alive()

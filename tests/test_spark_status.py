@@ -73,3 +73,15 @@ def test_tasks_killed_by_the_runs_own_cancellation_are_not_its_cause():
     job.killed, job.kill_reason = {0, 1, 2, 3}, f"Job 0 cancelled part of cancelled job group {launcher.group}"
     launcher._next_poll = 0.0
     assert launcher.poll() == []  # no failure, and no task Spark ended of its own
+
+
+def test_the_status_follows_the_barrier_job_not_the_dataframes_jobs_before_it():
+    """A DataFrame's run has adaptive execution's jobs in its group before the barrier job (a shuffle's): their
+    tasks are not the ranks'. Before: the status followed the group's first job it saw, for good."""
+    job = StandInJob(group="", tasks=4, job_id=7, stage_id=9, submitted=False, other_jobs=[3])
+    launcher, _ = standin_launcher(job)
+    assert launcher.poll() == []
+    job.submitted, job.killed = True, {2}
+    launcher._next_poll = 0.0
+    [failure] = failures(launcher.poll())
+    assert failure.reason == "Spark task 2 (attempt 0) was killed on executor 2 (10.0.0.1): killed via the Web UI"

@@ -39,13 +39,17 @@ _sigterm = {"held": False, "came": False}
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    if _sigterm["held"]:  # (the handler stays: an ignored SIGTERM would be the forked rank's too)
+        _sigterm["came"] = True
+        return
+    _terminate_once()
+
+
+def _terminate_once() -> None:
     # Once: a dying agent sends several (the parent-death signal comes each time the kernel hands the reaper to
     # another of the agent's threads as they exit). A second one raised while the first is handled (a later
     # signal.signal() runs pending handlers first) would end the reaper before it ended what is below it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if _sigterm["held"]:
-        _sigterm["came"] = True
-        return
     raise _Terminate
 
 
@@ -53,7 +57,7 @@ def _release_sigterm() -> None:
     """The rank's pid is known: a SIGTERM held meanwhile acts now, and any later one at once."""
     _sigterm["held"] = False
     if _sigterm["came"]:
-        raise _Terminate
+        _terminate_once()
 
 
 def descendants(root: int) -> list[int]:
