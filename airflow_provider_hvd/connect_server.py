@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -105,8 +105,11 @@ class LocalConnectServer:
         except OSError:
             return False
 
-    def start(self, conf: dict[str, str], timeout: float) -> subprocess.Popen[bytes]:
-        """Start the server in a session of its own and wait until it answers; SystemExit saying why if not."""
+    def start(
+        self, conf: dict[str, str], timeout: float, interrupts: Interrupts | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start the server in a session of its own and wait until it answers; SystemExit saying why if not.
+        ``interrupts``: the command's Ctrl-C, held while the server forks (its pid is not known before)."""
         if (pid := self.running_pid()) is not None:
             raise SystemExit(
                 f"a Connect server from {self.folder} is already running (pid {pid}): `{self.stop_command()}` first"
@@ -114,26 +117,28 @@ class LocalConnectServer:
         if self.answers():
             raise SystemExit(f"{self.host}:{self.port} is in use by another process: choose another with --port")
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
-            proc = subprocess.Popen(
-                self.command(conf),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                cwd=self.folder,  # Spark's spark-warehouse and metastore_db go here, not where the user is
-                start_new_session=True,  # Ctrl-C in the terminal reaches this command, which stops it in order
-            )
-        self.pid_file.write_text(f"{proc.pid}\n")
+        proc = None
         deadline = time.monotonic() + timeout
         try:
+            with interrupts.held() if interrupts else contextlib.nullcontext(), open(self.log_file, "ab") as log:
+                proc = subprocess.Popen(
+                    self.command(conf),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.environment(),
+                    cwd=self.folder,  # Spark's spark-warehouse and metastore_db go here, not where the user is
+                    start_new_session=True,  # Ctrl-C in the terminal reaches this command, which stops it in order
+                )
+                self.pid_file.write_text(f"{proc.pid}\n")
             while not self.answers():
                 if proc.poll() is not None or time.monotonic() > deadline:
                     what = "exited" if proc.poll() is not None else f"did not answer within {timeout:.0f}s"
                     raise SystemExit(f"the Spark Connect server {what}; its log:\n{self.log_tail()}")
                 time.sleep(0.5)
         except BaseException:  # that SystemExit, or Ctrl-C while it starts
-            self.stop(proc.pid)
+            if proc is not None:
+                self.stop(proc.pid)
             raise
         return proc
 
@@ -162,6 +167,39 @@ class LocalConnectServer:
     def stop_command(self) -> str:
         where = "" if self.folder == default_folder() else f" --dir {self.folder}"
         return f"{sys.executable} -m {__spec__.name}{where} stop"
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM as KeyboardInterrupt, even where this process was started with SIGINT ignored (a
+    shell's `&`); one that comes while they are held is raised as the hold ends."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._came = False
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._interrupted)
+
+    def _interrupted(self, signum: int, frame: object) -> None:
+        if self._held:
+            self._came = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+        if self._came:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def ignore() -> None:
+        """From now on: a second Ctrl-C does not cut the stop short."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _conf(text: str) -> tuple[str, str]:
@@ -214,15 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stopped the Connect server (pid {pid})")
         return 0
 
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # Ctrl-C and SIGTERM stop it, even where this process was started with SIGINT ignored (a shell's `&`)
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    interrupts = Interrupts()  # Ctrl-C and SIGTERM stop it
     server = LocalConnectServer(folder, args.np + 1, args.host, args.port)
     try:
-        proc = server.start(dict(args.conf), args.timeout)
+        proc = server.start(dict(args.conf), args.timeout, interrupts)
     except KeyboardInterrupt:
         return 130
     how = f"stop it with: {server.stop_command()}" if args.daemon else "Ctrl-C stops it"
@@ -239,8 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         code = proc.wait()
     except KeyboardInterrupt:
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not cut the stop short
-            signal.signal(signum, signal.SIG_IGN)
+        interrupts.ignore()
         server.stop(proc.pid)
         proc.wait()
         print("stopped the Connect server", flush=True)

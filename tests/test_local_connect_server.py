@@ -85,3 +85,39 @@ def test_a_foreground_server_stops_on_ctrl_c_and_leaves_nothing(tmp_path):
         output.close()
     assert code == 0 and "stopped the Connect server" in output.text, output.text
     assert_nothing_left(processes, folder, port)
+
+
+INTERRUPTED_AS_THE_SERVER_STARTS = """
+import os, signal, subprocess, sys
+from airflow_provider_hvd import connect_server
+
+class InterruptedAsItStarts(subprocess.Popen):  # Ctrl-C after the server's fork, before its pid is returned
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+
+connect_server.subprocess.Popen = InterruptedAsItStarts
+stand_in = [sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]]  # (tagged: the test finds it)
+connect_server.LocalConnectServer.command = lambda self, conf: stand_in
+sys.exit(connect_server.main(["--dir", sys.argv[2], "start", "--port", sys.argv[3]]))
+"""
+
+
+def test_ctrl_c_as_the_server_starts_leaves_nothing(tmp_path):
+    """Before: a Ctrl-C while Popen waited for the server's exec (a few ms) ended the command without the
+    server's pid: the server lived on, with no pid file for `stop` to find. (Its command is a stand-in here.)"""
+    import uuid
+
+    tag, folder = f"hvd-server-{uuid.uuid4().hex}", tmp_path / "connect-server"
+    started = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AS_THE_SERVER_STARTS, tag, str(folder), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    left = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
+    for process in left:
+        process.kill()
+    assert not left, f"the server outlived its start command: {started}"
+    assert started.returncode == 130, started
+    assert not (folder / "connect-server.pid").exists()
