@@ -23,10 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+
+from .interrupts import Interrupts
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002  # Spark Connect's own default: sc://localhost needs no port then
@@ -117,7 +119,7 @@ class LocalConnectServer:
         if self.answers():
             raise SystemExit(f"{self.host}:{self.port} is in use by another process: choose another with --port")
         self.folder.mkdir(parents=True, exist_ok=True)
-        proc = None
+        proc: subprocess.Popen[bytes] | None = None
         deadline = time.monotonic() + timeout
         try:
             with interrupts.held() if interrupts else contextlib.nullcontext(), open(self.log_file, "ab") as log:
@@ -167,39 +169,6 @@ class LocalConnectServer:
     def stop_command(self) -> str:
         where = "" if self.folder == default_folder() else f" --dir {self.folder}"
         return f"{sys.executable} -m {__spec__.name}{where} stop"
-
-
-class Interrupts:
-    """Ctrl-C and SIGTERM as KeyboardInterrupt, even where this process was started with SIGINT ignored (a
-    shell's `&`); one that comes while they are held is raised as the hold ends."""
-
-    def __init__(self) -> None:
-        self._held = False
-        self._came = False
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._interrupted)
-
-    def _interrupted(self, signum: int, frame: object) -> None:
-        if self._held:
-            self._came = True
-            return
-        raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self._held = True
-        try:
-            yield
-        finally:
-            self._held = False
-        if self._came:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def ignore() -> None:
-        """From now on: a second Ctrl-C does not cut the stop short."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
 
 
 def _conf(text: str) -> tuple[str, str]:

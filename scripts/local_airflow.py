@@ -36,6 +36,8 @@ from typing import Any
 
 import psutil
 
+from airflow_provider_hvd.interrupts import Interrupts
+
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 USER = "admin"
@@ -135,24 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     log = home / "standalone.log"
     print(f"starting Airflow in {home} (its output: {log})", flush=True)
 
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # Ctrl-C and SIGTERM stop it, even where this process was started with SIGINT ignored (a shell's `&`); set
-    # before standalone starts, which then gets SIGINT's default (an ignored signal stays ignored across exec)
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=environment(home, args.port),
-            cwd=home,
-            start_new_session=True,  # Ctrl-C reaches this command only, which stops the components in order
-        )
+    # Ctrl-C and SIGTERM stop it; set before standalone starts, which then gets SIGINT's default (an ignored
+    # signal stays ignored across exec)
+    interrupts = Interrupts()
+    proc: subprocess.Popen[bytes] | None = None
     try:
+        with interrupts.held(), open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "airflow"), "standalone"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=environment(home, args.port),
+                cwd=home,
+                start_new_session=True,  # Ctrl-C reaches this command only, which stops the components in order
+            )
         deadline = time.monotonic() + args.timeout
         while not ready(url, home):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -173,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         stop(proc)
         return 1
     except KeyboardInterrupt:
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not cut the stop short
-            signal.signal(signum, signal.SIG_IGN)
+        interrupts.ignore()
         print("stopping Airflow...", flush=True)
-        stop(proc)
+        if proc is not None:
+            stop(proc)
         print("stopped", flush=True)
         return 0
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from airflow_deployment import AirflowDeployment, log_text
 from browser import Browser, chromium_path
@@ -95,3 +96,44 @@ def test_make_airflow_shows_a_dags_training_tab_and_stops_on_ctrl_c(tmp_path):
     with pytest.raises(OSError):  # nothing listens on its port
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     print(f"ready after {ready_s:.0f}s, stopped in {stop_s:.0f}s")
+
+
+INTERRUPTED_AS_AIRFLOW_STARTS = """
+import os, runpy, signal, subprocess, sys
+
+class InterruptedAsItStarts(subprocess.Popen):  # Ctrl-C after standalone's fork, before its pid is returned
+    def __init__(self, args, **kwargs):
+        super().__init__([sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]], **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+
+subprocess.Popen = InterruptedAsItStarts  # (a stand-in for `airflow standalone`, tagged: the test finds it)
+script = runpy.run_path(sys.argv[2])
+sys.exit(script["main"](["--port", sys.argv[3]]))
+"""
+
+
+def test_ctrl_c_as_airflow_starts_leaves_nothing(tmp_path):
+    """Before: a Ctrl-C while Popen waited for standalone's exec (a few ms) ended the command without its pid:
+    Airflow lived on, with nobody to stop it."""
+    import uuid
+
+    tag = f"hvd-airflow-{uuid.uuid4().hex}"
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            INTERRUPTED_AS_AIRFLOW_STARTS,
+            tag,
+            str(ROOT / "scripts" / "local_airflow.py"),
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home")},
+    )
+    left = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
+    for process in left:
+        process.kill()
+    assert not left, f"Airflow outlived its start command: {started}"
+    assert "stopped" in started.stdout, started

@@ -120,8 +120,6 @@ def kill_a_barrier_task(sc, reason: str, within: float = 60.0) -> int:
     raise AssertionError(f"no task of the barrier stage ran within {within:g}s")
 
 
-
-
 def test_a_task_of_a_dataframe_run_killed_from_outside_is_named_with_sparks_reason(spark_local, tmp_path):
     """Before: the run's status followed the first Spark job of its job group, the one adaptive execution runs
     for the DataFrame's shuffle, not the barrier job: a barrier task killed from outside went unnamed."""
