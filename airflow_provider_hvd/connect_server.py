@@ -49,6 +49,7 @@ class LocalConnectServer:
         self.slots = slots
         self.host = host
         self.port = port
+        self.process: subprocess.Popen[bytes] | None = None  # the server started here, until it is stopped
 
     @property
     def url(self) -> str:
@@ -119,16 +120,16 @@ class LocalConnectServer:
         if self.answers():
             raise SystemExit(f"{self.host}:{self.port} is in use by another process: choose another with --port")
         self.folder.mkdir(parents=True, exist_ok=True)
-        proc: subprocess.Popen[bytes] | None = None
+        command, env = self.command(conf), self.environment()  # (before the hold: they import pyspark)
         deadline = time.monotonic() + timeout
         try:
             with interrupts.held() if interrupts else contextlib.nullcontext(), open(self.log_file, "ab") as log:
-                proc = subprocess.Popen(
-                    self.command(conf),
+                proc = self.process = subprocess.Popen(
+                    command,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=self.environment(),
+                    env=env,
                     cwd=self.folder,  # Spark's spark-warehouse and metastore_db go here, not where the user is
                     start_new_session=True,  # Ctrl-C in the terminal reaches this command, which stops it in order
                 )
@@ -139,8 +140,8 @@ class LocalConnectServer:
                     raise SystemExit(f"the Spark Connect server {what}; its log:\n{self.log_tail()}")
                 time.sleep(0.5)
         except BaseException:  # that SystemExit, or Ctrl-C while it starts
-            if proc is not None:
-                self.stop(proc.pid)
+            if self.process is not None:
+                self.stop(self.process.pid)
             raise
         return proc
 
@@ -159,6 +160,9 @@ class LocalConnectServer:
                 proc.kill()
         psutil.wait_procs(alive, timeout=10)
         self.pid_file.unlink(missing_ok=True)
+        if self.process is not None and self.process.pid == pid:
+            self.process.wait()
+            self.process = None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -223,12 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     interrupts = Interrupts()  # Ctrl-C and SIGTERM stop it
     server = LocalConnectServer(folder, args.np + 1, args.host, args.port)
-    try:
-        proc = server.start(dict(args.conf), args.timeout, interrupts)
-    except KeyboardInterrupt:
-        return 130
     how = f"stop it with: {server.stop_command()}" if args.daemon else "Ctrl-C stops it"
-    try:  # from here on a Ctrl-C stops the server, even one that comes while its address is printed
+    try:  # a Ctrl-C stops the server, even one that comes while its address is printed
+        proc = server.start(dict(args.conf), args.timeout, interrupts)
         print(
             f"Spark Connect server at {server.url} on local[{server.slots}] (runs of up to np={args.np}: each "
             "run's host takes a slot)\n"
@@ -241,9 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         code = proc.wait()
     except KeyboardInterrupt:
-        interrupts.ignore()
-        server.stop(proc.pid)
-        proc.wait()
+        if server.process is None:
+            return 130  # (while it started: start() stopped it)
+        server.stop(server.process.pid)
         print("stopped the Connect server", flush=True)
         return 0
     server.stop(proc.pid)  # what it started, if anything outlived it

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 
 class Interrupts:
-    """Ctrl-C and SIGTERM as KeyboardInterrupt, even where this process was started with SIGINT ignored (a
-    shell's `&`); one that comes while they are held is raised as the hold ends."""
+    """Ctrl-C and SIGTERM as one KeyboardInterrupt, even where this process was started with SIGINT ignored (a
+    shell's `&`); later ones are ignored (they do not cut the stop short); one that comes while they are held is
+    raised as the hold ends."""
 
     def __init__(self) -> None:
         self._held = False
@@ -25,6 +26,12 @@ class Interrupts:
         if self._held:
             self._came = True
             return
+        self._raise()
+
+    @staticmethod
+    def _raise() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     @contextlib.contextmanager
@@ -35,10 +42,4 @@ class Interrupts:
         finally:
             self._held = False
         if self._came:
-            raise KeyboardInterrupt
-
-    @staticmethod
-    def ignore() -> None:
-        """From now on: a second Ctrl-C does not cut the stop short."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
+            self._raise()

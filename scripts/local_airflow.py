@@ -172,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         stop(proc)
         return 1
     except KeyboardInterrupt:
-        interrupts.ignore()
         print("stopping Airflow...", flush=True)
         if proc is not None:
             stop(proc)
