@@ -29,7 +29,7 @@ from host_jobs import (
     allreduce_until_preempted,
 )
 from hosts import Host, Hosts, cannot_make_hosts
-from jobs import alive, wait_for_pids
+from jobs import alive, assert_all_gone, wait_for_pids
 from test_tensorflow import RANKS, assert_sparkdl_examples_ran, sparkdl_examples_and_hosts
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
@@ -459,6 +459,42 @@ def test_a_host_cut_off_with_min_ranks_below_the_runs_goes_on_with_the_ranks_lef
     )
     lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
     assert [line for line in lines if re.fullmatch(restart, line)], lines
+
+
+def test_a_host_cut_off_with_min_ranks_at_the_runs_size_fails_after_the_bounded_wait_saying_what_it_waited_for(
+    hosts, pid_dir
+):
+    """HorovodRunner(np=4, max_restarts=1) (min_ranks: the run's own 4): one host cut off, the restart waits
+    slot_wait_timeout for 4 free slots where Spark has 2, then fails saying what it waited for and how to go on;
+    the other host's ranks are gone (the cut host's end by themselves: the test above)."""
+    spark = session(hosts, 2, 4)
+    cut: Host | None = None
+    try:
+        runner = HorovodRunner(np=4, max_restarts=1, slot_wait_timeout=5)
+        thread, outcome = _start_run(runner, pid_dir, 4)
+        placed = _rank_hosts(hosts, pid_dir, 4)
+        cut = placed[2][1]
+        cut.cut()
+        thread.join(CUT_NAMED_WITHIN_S + 90)
+        assert not thread.is_alive(), "run() did not end after a host was cut off"
+    finally:
+        if cut is not None:
+            cut.reconnect()
+        spark.stop()
+    error = outcome.get("error")
+    assert error is not None, repr(outcome)
+    waited = re.search(
+        r"could not restart after attempt 1 \(Horovod ranks 2 and 3 of 4 failed: their host .+ was lost.+\): "
+        r"waited (\d+)s for 4 ranks' free Spark task slots \(min_ranks=4 of HorovodRunner\(np=4\)\) on spark://\S+, "
+        rf"and the application has 2 free \(the executors on {re.escape(cut.address)}, lost with the last attempt, "
+        r"are not counted\)\. Set min_ranks lower to go on with fewer ranks, .+ \(slot_wait_timeout, now 5s\)\.",
+        str(error),
+    )
+    assert waited, str(error)
+    assert int(waited[1]) <= 15, str(error)  # slot_wait_timeout, not shrink_timeout (30 s), which cannot apply
+    assert [(a["size"], a["cause_kind"]) for a in runner.attempts] == [(4, "host_lost")]
+    survivors = [pid for pid, host in placed.values() if host is not cut]
+    assert_all_gone(survivors, within=30)
 
 
 # last in the module: the worker it decommissions takes no executor again

@@ -577,6 +577,8 @@ def wait_for_restart_slots(
     than ``min_tasks``, RunCancelledError when ``cancelled()`` turns true meanwhile."""
     started = time.monotonic()
     next_report = started + FIRST_REPORT_S
+    # below min_tasks it fails after ``timeout``; with min_tasks or more free, it starts them at ``shrink_timeout``
+    longest = timeout if min_tasks >= tasks else max(timeout, shrink_timeout)
     while True:
         slots, busy = count.now()
         free, waited = slots - busy, time.monotonic() - started
@@ -601,7 +603,7 @@ def wait_for_restart_slots(
         stopped = count.stopped(min_tasks)
         if stopped is not None:
             raise LaunchError(stopped)
-        if waited >= max(timeout, shrink_timeout):
+        if waited >= timeout and free < min_tasks:
             fewer = (
                 f"Set min_ranks lower to go on with fewer ranks, give the cluster more executors, or wait longer "
                 f"(slot_wait_timeout, now {timeout:g}s)"
@@ -621,7 +623,7 @@ def wait_for_restart_slots(
                 min_tasks,
                 free,
                 waited,
-                max(timeout, shrink_timeout),
+                longest,
             )
             next_report = time.monotonic() + REPORT_EVERY_S
         time.sleep(POLL_S)
