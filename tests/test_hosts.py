@@ -425,20 +425,17 @@ def test_a_dataframes_rows_reach_ranks_on_two_hosts_and_their_files_go_with_the_
     assert all(link.endswith(" (deleted)") for link in links) and held == [], (links, held)
 
 
-def test_a_host_cut_off_with_min_ranks_below_the_runs_goes_on_with_the_ranks_left_from_the_last_checkpoint(
-    hosts, pid_dir, caplog
-):
-    """HorovodRunner(np=4, max_restarts=1, min_ranks=2): 2 ranks on each of two hosts, one host cut off after a
-    checkpoint. Spark has no slot in its place (the third host's one core holds no 2-core executor): the restart
-    runs the 2 ranks the other host holds, from the last checkpoint, and returns."""
-    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+def _cut_a_host_mid_run(
+    hosts: Hosts, runner: HorovodRunner, pid_dir: str, job=allreduce_forever, ready=lambda: True
+) -> tuple[dict, Host, dict[int, tuple[int, Host]]]:
+    """``runner``'s run of 4 ranks, 2 on each of two hosts, the host of ranks 2 and 3 cut off once ``ready()``:
+    run()'s outcome once it ended, the host cut off, and where the ranks were."""
     spark = session(hosts, 2, 4)
     cut: Host | None = None
     try:
-        runner = HorovodRunner(np=4, max_restarts=1, min_ranks=2, shrink_timeout=1)
-        thread, outcome = _start_run(runner, pid_dir, 4, allreduce_checkpointing)
+        thread, outcome = _start_run(runner, pid_dir, 4, job)
         placed = _rank_hosts(hosts, pid_dir, 4)
-        while not list(Path(pid_dir).glob("epoch-*.ckpt")):
+        while not ready():
             assert thread.is_alive(), repr(outcome)
             time.sleep(0.1)
         cut = placed[2][1]
@@ -449,16 +446,7 @@ def test_a_host_cut_off_with_min_ranks_below_the_runs_goes_on_with_the_ranks_lef
         if cut is not None:
             cut.reconnect()
         spark.stop()
-    result = outcome.get("value")
-    assert result is not None, repr(outcome.get("error"))
-    assert result["size"] == 2 and result["epochs"] == 3 and cut.address not in result["hosts"]
-    assert [(a["size"], a["cause_kind"]) for a in runner.attempts] == [(4, "host_lost"), (2, None)]
-    restart = (
-        rf"HorovodRunner: restart 1 of 1 after Horovod ranks 2 and 3 of 4 failed: their host {cut.name} .+: 2 ranks "
-        rf"instead of 4, resuming from .+epoch-{result['resumed_from']['epoch']}\.ckpt \(epoch=\d+\)"
-    )
-    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
-    assert [line for line in lines if re.fullmatch(restart, line)], lines
+    return outcome, cut, placed
 
 
 def test_a_host_cut_off_with_min_ranks_at_the_runs_size_fails_after_the_bounded_wait_saying_what_it_waited_for(
@@ -466,21 +454,11 @@ def test_a_host_cut_off_with_min_ranks_at_the_runs_size_fails_after_the_bounded_
 ):
     """HorovodRunner(np=4, max_restarts=1) (min_ranks: the run's own 4): one host cut off, the restart waits
     slot_wait_timeout for 4 free slots where Spark has 2, then fails saying what it waited for and how to go on;
-    the other host's ranks are gone (the cut host's end by themselves: the test above)."""
-    spark = session(hosts, 2, 4)
-    cut: Host | None = None
-    try:
-        runner = HorovodRunner(np=4, max_restarts=1, slot_wait_timeout=5)
-        thread, outcome = _start_run(runner, pid_dir, 4)
-        placed = _rank_hosts(hosts, pid_dir, 4)
-        cut = placed[2][1]
-        cut.cut()
-        thread.join(CUT_NAMED_WITHIN_S + 90)
-        assert not thread.is_alive(), "run() did not end after a host was cut off"
-    finally:
-        if cut is not None:
-            cut.reconnect()
-        spark.stop()
+    the other host's ranks are gone (the cut host's end by themselves: the cut-off test above). Before the test
+    below, whose host is cut off for most of a minute: after that, under load, the cut host's worker took no
+    executor for minutes; this test's cut lasts seconds, as the tests' above."""
+    runner = HorovodRunner(np=4, max_restarts=1, slot_wait_timeout=5)
+    outcome, cut, placed = _cut_a_host_mid_run(hosts, runner, pid_dir)
     error = outcome.get("error")
     assert error is not None, repr(outcome)
     waited = re.search(
@@ -495,6 +473,31 @@ def test_a_host_cut_off_with_min_ranks_at_the_runs_size_fails_after_the_bounded_
     assert [(a["size"], a["cause_kind"]) for a in runner.attempts] == [(4, "host_lost")]
     survivors = [pid for pid, host in placed.values() if host is not cut]
     assert_all_gone(survivors, within=30)
+
+
+def test_a_host_cut_off_with_min_ranks_below_the_runs_goes_on_with_the_ranks_left_from_the_last_checkpoint(
+    hosts, pid_dir, caplog
+):
+    """HorovodRunner(np=4, max_restarts=1, min_ranks=2): 2 ranks on each of two hosts, one host cut off after a
+    checkpoint. Spark has no slot in its place (the third host's one core holds no 2-core executor): the restart
+    runs the 2 ranks the other host holds, from the last checkpoint, and returns."""
+    caplog.set_level(logging.INFO, logger="airflow_provider_hvd")
+    runner = HorovodRunner(np=4, max_restarts=1, min_ranks=2, shrink_timeout=1)
+
+    def checkpointed() -> bool:
+        return bool(list(Path(pid_dir).glob("epoch-*.ckpt")))
+
+    outcome, cut, _ = _cut_a_host_mid_run(hosts, runner, pid_dir, allreduce_checkpointing, checkpointed)
+    result = outcome.get("value")
+    assert result is not None, repr(outcome.get("error"))
+    assert result["size"] == 2 and result["epochs"] == 3 and cut.address not in result["hosts"]
+    assert [(a["size"], a["cause_kind"]) for a in runner.attempts] == [(4, "host_lost"), (2, None)]
+    restart = (
+        rf"HorovodRunner: restart 1 of 1 after Horovod ranks 2 and 3 of 4 failed: their host {cut.name} .+: 2 ranks "
+        rf"instead of 4, resuming from .+epoch-{result['resumed_from']['epoch']}\.ckpt \(epoch=\d+\)"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_hvd.runner"]
+    assert [line for line in lines if re.fullmatch(restart, line)], lines
 
 
 # last in the module: the worker it decommissions takes no executor again
