@@ -92,6 +92,11 @@ def _gpus_of(worker: dict[str, Any]) -> int:
     return len(worker.get("resources", {}).get("gpu", {}).get("addresses", []))
 
 
+def task_cpus(conf: dict[str, str]) -> int:
+    """The CPUs each task takes (``spark.task.cpus`` in the application's ``conf``)."""
+    return int(conf.get("spark.task.cpus") or 1)
+
+
 def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus: bool = True) -> int:
     """The most task slots a standalone cluster in ``state`` could give an application with SparkConf ``conf``.
 
@@ -99,7 +104,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
     wait for them), the executors that fit its cores, memory and GPUs, and ``spark.cores.max``. An upper
     bound: a job above it can never start. ``count_gpus=False``: as if GPUs were no limit.
     """
-    task_cpus = int(conf.get("spark.task.cpus") or 1)
+    cpus = task_cpus(conf)
     executor_mb = jvm_mebibytes(conf.get("spark.executor.memory") or "1g")
     cores_max = int(conf["spark.cores.max"]) if conf.get("spark.cores.max") else None
     executor_gpus = float(conf.get(EXECUTOR_GPUS) or 0) if count_gpus else 0.0
@@ -111,7 +116,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
     ]
 
     def tasks_per_executor(cores: int) -> int:
-        by_cores = cores // task_cpus
+        by_cores = cores // cpus
         return min(by_cores, math.floor(executor_gpus / task_gpus)) if task_gpus else by_cores
 
     if conf.get("spark.executor.cores"):  # executors of that many cores, as many as each worker can hold
@@ -124,7 +129,7 @@ def standalone_capacity(state: dict[str, Any], conf: dict[str, str], count_gpus:
             executors = min(executors, cores_max // executor_cores)
         return executors * tasks_per_executor(executor_cores)
     slots = sum(tasks_per_executor(cores) for cores, _, _ in workers)  # one executor per worker, all its cores
-    return slots if cores_max is None else min(slots, cores_max // task_cpus)
+    return slots if cores_max is None else min(slots, cores_max // cpus)
 
 
 def refuse_dynamic_allocation(conf: Callable[[str], str | None], size: int) -> None:
@@ -172,7 +177,7 @@ def limits_note(state: dict[str, Any] | None, conf: dict[str, str], size: int) -
     gpus_limit = _gpu_slots(state, conf) < size
     if cores_limit and gpus_limit:
         return (
-            f" Cores and GPUs both limit it: each task needs spark.task.cpus={conf.get('spark.task.cpus') or 1} "
+            f" Cores and GPUs both limit it: each task needs spark.task.cpus={task_cpus(conf)} "
             f"cores, and {asked}{on_workers}. To fit, give the cluster more cores and {more_gpus}."
         )
     if cores_limit:
@@ -209,7 +214,6 @@ def never_fits_error(
 ) -> JobRefusedError:
     """The refusal of a job of ``size`` tasks on a cluster of at most ``total`` slots; ``host``: the slots a
     submitted run's host holds beside them (named apart: the user's ``np`` is the ranks')."""
-    task_cpus = conf.get("spark.task.cpus") or 1
     if not host:
         needs, lower = f"{naming.needs_slots(size)} at once", naming.lower_to(total)
     else:
@@ -225,7 +229,7 @@ def never_fits_error(
         )
     return JobRefusedError(
         f"{needs} (a barrier job starts all its tasks together), but the cluster at {master} has {total} at most "
-        f"(spark.task.cpus={task_cpus}).{limits_note(state, conf, size + host)}"
+        f"(spark.task.cpus={task_cpus(conf)}).{limits_note(state, conf, size + host)}"
         f" {lower}, give the cluster more executors or cores (spark.executor.instances, "
         f"spark.executor.cores, spark.cores.max), or use {naming.on_this_host} to run on this host alone."
     )
@@ -319,11 +323,6 @@ class SlotCount:
         self.lost_hosts: tuple[str, ...] = ()  # hosts whose executors are not counted (a restart's: they were lost)
         self.beside = CpuTasks()  # or its task of one CPU and no GPU, beside the ranks' slots (durable/submit.py)
 
-    @property
-    def task_cpus(self) -> int:
-        """The CPUs each task takes (``spark.task.cpus``)."""
-        return int(self.settings.get("spark.task.cpus") or 1)
-
     def needed(self, size: int) -> int:
         """The free slots a job of ``size`` tasks waits for: its host's too, unless the host holds them already."""
         return size if self.host_running else size + self.host_slots
@@ -348,7 +347,9 @@ class SlotCount:
         (:attr:`beside` unless given), or None where that cannot be known (YARN, k8s)."""
         beside = self.beside if beside is None else beside
         if is_local(self.master):
-            slots = local_slots(self.master, self.task_cpus, self.local_cores() if "*" in self.master else None)
+            slots = local_slots(
+                self.master, task_cpus(self.settings), self.local_cores() if "*" in self.master else None
+            )
             return None if slots is None else beside.slots(slots, slots)
         state = self._state()
         if state is None:
@@ -426,7 +427,7 @@ class ConnectSlots(SlotCount):
 
     def now(self) -> tuple[int, int]:
         assert self.ui is not None, "the server's UI counts the slots"
-        slots, busy, cpu_slots = executor_slots(self.ui, self.app_id, self.task_cpus, self.lost_hosts)
+        slots, busy, cpu_slots = executor_slots(self.ui, self.app_id, task_cpus(self.settings), self.lost_hosts)
         return self.beside.slots(slots, cpu_slots), busy
 
     def stopped(self, size: int) -> str | None:
