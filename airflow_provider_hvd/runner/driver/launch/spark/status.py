@@ -30,7 +30,6 @@ class BarrierJobStatus:
     def __init__(self, sc: SparkContext, group: str) -> None:
         self._sc = sc
         self._group = group
-        self._job_id: int | None = None
         self._stage_ids: list[int] = []
         self._other_jobs: set[int] = set()  # jobs of the group that are not the barrier job (a DataFrame's)
         self._jvm_objects: tuple[Any, Any] | None = None  # the JVM's status tracker and store, asked for once
@@ -67,7 +66,7 @@ class BarrierJobStatus:
             stage_ids = sorted(int(stage) for stage in info.stageIds()) if info is not None else []
             barrier = _is_barrier_stage(store, stage_ids[-1]) if stage_ids else None  # (the job's result stage)
             if barrier:
-                self._job_id, self._stage_ids = job_id, stage_ids
+                self._stage_ids = stage_ids
                 return True
             if barrier is False:
                 self._other_jobs.add(job_id)
