@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import threading
@@ -62,3 +63,12 @@ def still_running(processes: list[psutil.Process]) -> list[str]:
         except psutil.NoSuchProcess:
             pass
     return running
+
+
+def kill_tagged(tag: str) -> list[str]:
+    """Kill the processes whose command line has the argument ``tag``; their command lines (none: nothing was left)."""
+    found = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
+    for process in found:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return [" ".join(p.info["cmdline"])[:120] for p in found]

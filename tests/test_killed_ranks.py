@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from commands import kill_tagged
 from conftest import make_session
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError
@@ -360,9 +361,7 @@ def test_a_reaper_sent_sigterm_as_its_rank_starts_ends_the_rank_at_once(when):
     finally:
         os.close(read)
         os.close(write)
-    left = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
-    for process in left:
-        process.kill()
+    left = kill_tagged(tag)
     assert not left, "the rank outlived its reaper"
     # the reaper exits the way the rank did: ended by its SIGTERM (not SIGKILLed after the grace)
     assert harness.returncode == -signal.SIGTERM

@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 from airflow_deployment import AirflowDeployment, log_text
 from browser import Browser, chromium_path
-from commands import Output, family, still_running
+from commands import Output, family, kill_tagged, still_running
 from spark_cluster import free_port
 
 pytestmark = pytest.mark.timeout(1200)
@@ -132,8 +131,6 @@ def test_ctrl_c_as_airflow_starts_leaves_nothing(tmp_path):
         timeout=120,
         env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home")},
     )
-    left = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
-    for process in left:
-        process.kill()
+    left = kill_tagged(tag)
     assert not left, f"Airflow outlived its start command: {started}"
     assert "stopped" in started.stdout, started

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from commands import Output, family, still_running
+from commands import Output, family, kill_tagged, still_running
 from spark_cluster import free_port
 
 COMMAND = [sys.executable, "-m", "airflow_provider_hvd.connect_server"]
@@ -115,9 +115,7 @@ def test_ctrl_c_as_the_server_starts_leaves_nothing(tmp_path):
         text=True,
         timeout=60,
     )
-    left = [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
-    for process in left:
-        process.kill()
+    left = kill_tagged(tag)
     assert not left, f"the server outlived its start command: {started}"
     assert started.returncode == 130, started
     assert not (folder / "connect-server.pid").exists()
