@@ -218,6 +218,9 @@ class Hosts:
             "SPARK_DAEMON_MEMORY": "256m",
             # a worker given SIGPWR decommissions itself and its executors (the preemption test)
             "SPARK_WORKER_OPTS": "-Dspark.decommission.enabled=true",
+            # the master keeps a worker whose host is cut off for most of a minute (it removes it after 60 s by
+            # default): under load, a worker it had removed took no executor for minutes once its host was back
+            "SPARK_MASTER_OPTS": "-Dspark.worker.timeout=300",
         }
 
     def _spawn_master(self) -> None:
@@ -293,12 +296,33 @@ class Hosts:
         )
         return ["--properties-file", str(properties)]
 
-    def alive_workers(self) -> int:
+    def _master_state(self) -> dict:
         try:
             with urllib.request.urlopen(f"{self.web_ui}/json/", timeout=2) as resp:
-                return int(json.load(resp).get("aliveworkers", 0))
+                return json.load(resp)
         except (OSError, ValueError):
-            return 0
+            return {}
+
+    def alive_workers(self) -> int:
+        return int(self._master_state().get("aliveworkers", 0))
+
+    def wait_idle(self, timeout: float = 180.0) -> None:
+        """Until the master has every host's worker alive with none of its cores used: an application of an
+        earlier test has ended there, and a worker whose host was cut off has registered again (after a cut of
+        most of a minute, under load, that took minutes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            workers = {w.get("host"): w for w in self._master_state().get("workers", []) if w.get("state") == "ALIVE"}
+            busy = [
+                f"{h.name} ({h.address}): "
+                + (f"{workers[h.address].get('coresused')} cores used" if h.address in workers else "not alive")
+                for h in self.hosts
+                if h.address not in workers or workers[h.address].get("coresused")
+            ]
+            if not busy:
+                return
+            assert time.monotonic() < deadline, f"the master's workers not idle after {timeout:g}s: {busy}"
+            time.sleep(0.5)
 
     def by_address(self, address: str) -> Host:
         return next(host for host in self.hosts if host.address == address)

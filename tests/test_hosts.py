@@ -53,6 +53,7 @@ def hosts(tmp_path_factory):
 
 
 def session(hosts: Hosts, ranks_per_host: int, ranks: int, **conf: str):
+    hosts.wait_idle()  # (each test's placement needs every worker, none held by the test before)
     return make_session(
         hosts.url,
         **{
@@ -316,6 +317,7 @@ def test_a_driver_killed_ends_every_rank_on_every_host(hosts, pid_dir, tmp_path)
     """SIGKILL the driver's process group (as when the Airflow task's worker dies): every rank on every host ends."""
     import json
 
+    hosts.wait_idle()
     conf = {**hosts.session_conf(), "spark.executor.cores": "2", "spark.cores.max": "4", "spark.ui.enabled": "false"}
     script = tmp_path / "driver.py"
     script.write_text(
