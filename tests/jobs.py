@@ -101,6 +101,16 @@ def assert_all_gone(pids: list[int], within: float = 15.0) -> None:
     assert not [pid for pid in pids if alive(pid)], "rank processes outlived the run"
 
 
+def no_spark_job_left(spark, within: float = 10.0) -> bool:
+    """No active Spark job or stage in the status tracker, within ``within`` seconds: Spark's listener bus records a
+    job's end after the job's caller was woken (a failed job's, after it)."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + within
+    while (tracker.getActiveJobsIds() or tracker.getActiveStageIds()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not tracker.getActiveJobsIds() and not tracker.getActiveStageIds()
+
+
 def cancel_once_running(runner, pid_dir: str, ranks: int = 2) -> tuple[BaseException, list[int], float]:
     """Run :func:`sleep_and_record` with ``runner`` in a thread and cancel it once its ranks run (driver side).
 

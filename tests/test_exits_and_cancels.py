@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from cancels import CancelAtLaunch
-from jobs import alive, assert_all_gone, wait_for_pids
+from jobs import alive, assert_all_gone, no_spark_job_left, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, RankFailedError, RunCancelledError
 from airflow_provider_hvd.runner.errors import HorovodRunnerError
@@ -120,8 +120,7 @@ def test_on_spark_exit_work_is_waited_for_and_a_rank_still_exiting_is_ended(spar
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert [text for text in warnings if "still exiting" in text and "rank 1 in Spark task 1" in text], warnings
     assert not [text for text in warnings if "rank 0 " in text], warnings
-    tracker = spark_local.sparkContext.statusTracker()
-    assert not tracker.getActiveJobsIds()
+    assert no_spark_job_left(spark_local)
 
 
 def kill_the_agent_of(rank_pid: int) -> None:
@@ -168,7 +167,7 @@ def test_an_agent_lost_in_its_ranks_exit_work(spark_local, tmp_path, caplog, eve
             r"rank 1 of 2 failed: its agent in Spark task 1 .* was lost \(.*, after its main returned", str(error)
         ), error
     assert_all_gone([rank1], within=15)
-    assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
+    assert no_spark_job_left(spark_local)
 
 
 @pytest.mark.parametrize("bad", [0, -1, "120", float("nan"), True, timedelta(0)])

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from cancels import CancelAtLaunch
 from conftest import make_session
-from jobs import allreduce_sum, assert_all_gone, cancel_once_running, wait_for_pids
+from jobs import allreduce_sum, assert_all_gone, cancel_once_running, no_spark_job_left, wait_for_pids
 
 from airflow_provider_hvd import HorovodRunner, LaunchError, RankFailedError, RunCancelledError
 
@@ -27,14 +27,6 @@ def spark_retrying():
     spark = make_session("local[2,4]", **{"spark.executorEnv.OMP_NUM_THREADS": "3"})
     yield spark
     spark.stop()
-
-
-def no_spark_job_left(spark) -> bool:
-    tracker = spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + 10
-    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not tracker.getActiveJobsIds()
 
 
 def sleep_with_a_detached_child(pid_dir: str) -> None:

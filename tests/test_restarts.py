@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import make_session
 from connect_server import connect_session
-from jobs import alive, assert_all_gone
+from jobs import alive, assert_all_gone, no_spark_job_left
 from mlflow import MlflowClient
 from restart_jobs import fail_each_attempt, train_until_killed
 from test_dataframe_feed import holders
@@ -310,7 +310,7 @@ def test_on_spark_a_killed_rank_restarts_in_a_new_barrier_job_once_the_last_one_
 
     monkeypatch.setattr(SparkContext, "broadcast", broadcast)
     assert not broadcasts[1]._jbroadcast.isValid()
-    assert list(sc.statusTracker().getActiveJobsIds()) == []
+    assert no_spark_job_left(cluster_session)
     assert_all_gone(pids(pid_dir, "*.pid"))
     shards = [path.read_text() for path in pid_dir.glob("*.shard")]
     assert len(shards) == 4 and all(holders(link) == [] for link in shards), shards

@@ -300,7 +300,8 @@ def test_a_run_whose_server_dies_ends_within_a_bound_and_leaves_nothing_running(
         server.stop()
     assert outcome, "run() returned instead of raising"
     assert_all_gone(pids, within=30)
-    assert not our_processes()
+    # (with their agents gone with the server, each reaper ends its rank by itself, and exits just after it)
+    assert_all_gone([proc.pid for proc in our_processes()], within=15)
     assert ended_in < 120
 
 

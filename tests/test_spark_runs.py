@@ -6,7 +6,16 @@ import threading
 import time
 
 import pytest
-from jobs import alive, allreduce_sum, assert_all_gone, fail_on_rank, sleep_and_record, train_linear, wait_for_pids
+from jobs import (
+    alive,
+    allreduce_sum,
+    assert_all_gone,
+    fail_on_rank,
+    no_spark_job_left,
+    sleep_and_record,
+    train_linear,
+    wait_for_pids,
+)
 
 from airflow_provider_hvd import HorovodRunner, HorovodRunnerError, RankFailedError
 
@@ -22,14 +31,13 @@ def test_training_in_a_barrier_job(spark_local):
 
 
 def test_failing_rank_fails_the_run_once_without_spark_retrying(spark_local, pid_dir):
-    tracker = spark_local.sparkContext.statusTracker()
     started = time.monotonic()
     with pytest.raises(RankFailedError, match="rank 1 of 2 failed: ValueError: boom from rank 1") as info:
         HorovodRunner(np=2).run(fail_on_rank, bad_rank=1, pid_dir=pid_dir)
     assert time.monotonic() - started < 30
     assert "rank 1 is about to fail" in info.value.output_tail  # whatever the verbosity
     assert_all_gone(wait_for_pids(pid_dir, 2, timeout=1))
-    assert tracker.getActiveJobsIds() == [] and tracker.getActiveStageIds() == []
+    assert no_spark_job_left(spark_local)
 
 
 def test_rank_exit_in_spark_task(spark_local, pid_dir):
