@@ -40,8 +40,9 @@ def allreduce_forever_printing(pid_dir: str) -> None:
 
 def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, every_epoch: bool = False) -> dict:
     """:func:`allreduce_forever` in epochs, resumable: each rank writes the preemption notice it first sees
-    (``notice-<rank>.json``); rank 0 then saves and reports a checkpoint (``every_epoch``: after each epoch). An
-    attempt that resumed from one runs ``epochs_after_resuming`` more epochs and returns what it ran on."""
+    (``notice-<rank>.json``); once every rank has, rank 0 saves and reports a checkpoint (``every_epoch``: after
+    each epoch). An attempt that resumed from one runs ``epochs_after_resuming`` more epochs and returns what it
+    ran on."""
     import json
     import os
     import time
@@ -57,7 +58,7 @@ def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, ever
     Path(pid_dir, f"host-{rank}").write_text(os.environ["HOROVOD_HOSTNAME"])
     Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
     start = 0 if checkpoint is None else checkpoint["epoch"]
-    told = False
+    told = saved_for_notice = False
     epoch = start
     while checkpoint is None or epoch < start + epochs_after_resuming:
         epoch += 1
@@ -68,7 +69,12 @@ def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, ever
         if notice is not None:
             told = True
             Path(pid_dir, f"notice-{rank}.json").write_text(json.dumps({**notice, "epoch": epoch}))
-        if rank == 0 and (every_epoch or notice is not None):
+        # the attempt ends at the checkpoint: it waits for every rank to have read its notice (one may read it
+        # an epoch after another), or that rank would be ended before it read it
+        every_rank_told = hvd.allreduce(torch.tensor([float(told)]), op=hvd.Sum).item() == hvd.size()
+        save_for_notice = every_rank_told and not saved_for_notice
+        saved_for_notice = saved_for_notice or save_for_notice
+        if rank == 0 and (every_epoch or save_for_notice):
             path = Path(pid_dir, f"epoch-{epoch}.ckpt")
             path.write_text(str(epoch))
             report_checkpoint(str(path), epoch=epoch)
