@@ -58,7 +58,7 @@ def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, ever
     Path(pid_dir, f"host-{rank}").write_text(os.environ["HOROVOD_HOSTNAME"])
     Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
     start = 0 if checkpoint is None else checkpoint["epoch"]
-    told = saved_for_notice = False
+    told = every_rank_told = False
     epoch = start
     while checkpoint is None or epoch < start + epochs_after_resuming:
         epoch += 1
@@ -71,10 +71,9 @@ def allreduce_until_preempted(pid_dir: str, epochs_after_resuming: int = 3, ever
             Path(pid_dir, f"notice-{rank}.json").write_text(json.dumps({**notice, "epoch": epoch}))
         # the attempt ends at the checkpoint: it waits for every rank to have read its notice (one may read it
         # an epoch after another), or that rank would be ended before it read it
+        told_before = every_rank_told
         every_rank_told = hvd.allreduce(torch.tensor([float(told)]), op=hvd.Sum).item() == hvd.size()
-        save_for_notice = every_rank_told and not saved_for_notice
-        saved_for_notice = saved_for_notice or save_for_notice
-        if rank == 0 and (every_epoch or save_for_notice):
+        if rank == 0 and (every_epoch or (every_rank_told and not told_before)):
             path = Path(pid_dir, f"epoch-{epoch}.ckpt")
             path.write_text(str(epoch))
             report_checkpoint(str(path), epoch=epoch)
